@@ -1,0 +1,123 @@
+"""Child processes that never outlive their parent.
+
+Every process tfps starts (a task of a local cluster, a chief, a probe) goes
+through `spawn`, which gives it:
+  * its own process group, so a signal to the group reaches anything it forks;
+  * a parent-death signal (SIGKILL), so it dies if the parent is killed, even
+    with SIGKILL, where no `finally` or `atexit` runs;
+  * optionally, membership of a private network namespace (see `netns`).
+
+Linux delivers the parent-death signal when the *thread* that forked the child
+exits, not the process. Spawn from the main thread or from a thread that lives
+as long as the children should (the local cluster's own threads do).
+"""
+
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from typing import Callable, Mapping, Sequence
+
+from absl import logging
+
+_PR_SET_PDEATHSIG = 1
+_CLONE_NEWNET = 0x40000000
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+  if result != 0:
+    err = ctypes.get_errno()
+    raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
+  """Asks the kernel to send `sig` to this process when its parent dies."""
+  _check(_libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+
+
+def enter_network_namespace(fd: int) -> None:
+  """Moves the calling (single-threaded) process into the netns open at `fd`."""
+  _check(_libc.setns(fd, _CLONE_NEWNET), "setns(CLONE_NEWNET)")
+
+
+def _child_setup(parent_pid: int, netns_fd: int | None) -> Callable[[], None]:
+  """The pre-exec hook: runs in the forked child before `exec`."""
+
+  def setup() -> None:
+    set_parent_death_signal(signal.SIGKILL)
+    # The parent may have died between fork and prctl: then nobody would
+    # ever send the signal, so leave now.
+    if os.getppid() != parent_pid:
+      os._exit(1)
+    if netns_fd is not None:
+      enter_network_namespace(netns_fd)
+
+  return setup
+
+
+def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+          stdout=None, stderr=None, stdin=subprocess.DEVNULL,
+          netns_fd: int | None = None, cwd: str | None = None) -> subprocess.Popen:
+  """Starts `argv` in a new process group, tied to this process's life."""
+  pass_fds = (netns_fd,) if netns_fd is not None else ()
+  return subprocess.Popen(
+      list(argv), env=dict(env) if env is not None else None, cwd=cwd,
+      stdin=stdin, stdout=stdout, stderr=stderr,
+      start_new_session=True, pass_fds=pass_fds,
+      preexec_fn=_child_setup(os.getpid(), netns_fd))
+
+
+def stop_group(process: subprocess.Popen, *, grace: float = 5.0) -> int | None:
+  """Ends `process` and its process group: SIGTERM, then SIGKILL after `grace` s.
+
+  Returns the exit code (negative: killed by that signal), or None if the
+  process could not be reaped, which is logged.
+  """
+  for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+    if process.poll() is not None:
+      break
+    signal_group(process, sig)
+    # A stopped process cannot act on SIGTERM until it continues.
+    signal_group(process, signal.SIGCONT)
+    try:
+      process.wait(timeout=wait)
+    except subprocess.TimeoutExpired:
+      continue
+  # Whatever it forked and left behind in its group goes too.
+  signal_group(process, signal.SIGKILL)
+  if process.poll() is None:
+    logging.error("pid %d did not exit after SIGKILL", process.pid)
+  return process.returncode
+
+
+def signal_group(process: subprocess.Popen, sig: int) -> None:
+  """Sends `sig` to the process group led by `process`, if it still exists."""
+  try:
+    os.killpg(process.pid, sig)
+  except (ProcessLookupError, PermissionError):
+    pass
+
+
+def wait_for_exit(process: subprocess.Popen, timeout: float) -> int:
+  """Waits up to `timeout` s for `process` to exit; returns its exit code.
+
+  Raises:
+    TimeoutError: naming the pid and how long we waited.
+  """
+  try:
+    return process.wait(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    raise TimeoutError(f"pid {process.pid} still running after {timeout:.1f}s") from None
+
+
+def wait_until(predicate: Callable[[], bool], *, timeout: float, what: str,
+               interval: float = 0.1) -> None:
+  """Polls `predicate` until true; raises TimeoutError naming `what`."""
+  end = time.monotonic() + timeout
+  while not predicate():
+    if time.monotonic() > end:
+      raise TimeoutError(f"timed out after {timeout:.1f}s waiting for {what}")
+    time.sleep(interval)

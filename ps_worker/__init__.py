@@ -1,0 +1,1 @@
+"""The server side of a ps or worker task: tf.distribute.Server, signals, exit codes."""

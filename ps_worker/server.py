@@ -1,0 +1,103 @@
+"""The long-running side of a ps or worker task.
+
+`serve` starts a `tf.distribute.Server` for this task and blocks until the
+process is asked to stop (SIGTERM or SIGINT), then returns the exit code the
+orchestrator should see: 143 for SIGTERM (preempted: restart me), 130 for
+SIGINT. A TF server cannot be shut down in-process, so the caller ends the
+process with `os._exit` after flushing its logs.
+
+Stop signals must be trapped before TensorFlow is imported (a SIGTERM during
+the ~7 s import would otherwise kill the process with -15 instead of 143):
+call `StopSignals.install()` first, then `serve`.
+"""
+
+import dataclasses
+import os
+import signal
+import threading
+
+from absl import logging
+
+from cluster import inprocess
+from cluster import spec as spec_lib
+from recovery import errors
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopSignals:
+  """Records the first SIGTERM/SIGINT; `wait` blocks until one arrives."""
+
+  def __init__(self):
+    self._event = threading.Event()
+    self.signum: int | None = None
+
+  @classmethod
+  def install(cls) -> "StopSignals":
+    stop = cls()
+    for sig in _STOP_SIGNALS:
+      signal.signal(sig, stop._handle)
+    return stop
+
+  def _handle(self, signum, frame) -> None:
+    del frame
+    if self.signum is None:
+      self.signum = signum
+    self._event.set()
+
+  @property
+  def requested(self) -> bool:
+    return self._event.is_set()
+
+  def wait(self, timeout: float | None = None) -> bool:
+    return self._event.wait(timeout)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServerOptions:
+  """How a ps/worker server is configured.
+
+  Attributes:
+    inter_op_threads: TF inter-op threads; None picks a safe default (for a
+      worker, enough that concurrent closures cannot deadlock on 2 cores).
+  """
+
+  inter_op_threads: int | None = None
+
+  def __post_init__(self):
+    if self.inter_op_threads is not None and self.inter_op_threads < 1:
+      raise errors.UsageError(
+          f"inter_op_threads ({self.inter_op_threads}) must be a positive integer")
+
+
+def _server_cluster(cluster: spec_lib.ClusterSpec) -> dict[str, list[str]]:
+  """The cluster as servers see it. The evaluator is a client, never served to."""
+  return {job: hosts for job, hosts in cluster.as_dict().items()
+          if job != spec_lib.JobType.EVALUATOR.value}
+
+
+def serve(config: spec_lib.TaskConfig, stop: StopSignals,
+          options: ServerOptions = ServerOptions()) -> errors.ExitCode:
+  """Serves this ps/worker task until a stop signal; returns the exit code."""
+  if config.task.job not in (spec_lib.JobType.PS, spec_lib.JobType.WORKER):
+    raise errors.UsageError(f"task.type: {config.task.job.value!r} is not a ps or worker role")
+  import tensorflow as tf  # Late: start-up cost and log noise only for servers.
+
+  threads = options.inter_op_threads
+  if threads is None and config.task.job == spec_lib.JobType.WORKER:
+    threads = inprocess.worker_inter_op_threads(
+        config.cluster.num_tasks(spec_lib.JobType.WORKER))
+  session_config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=threads or 0)
+  if stop.requested:  # Told to stop while TF was importing: do not start.
+    return errors.exit_code_for_signal(stop.signum)
+  tf.distribute.Server(
+      tf.train.ClusterSpec(_server_cluster(config.cluster)),
+      job_name=config.task.job.value, task_index=config.task.index,
+      protocol="grpc", config=session_config, start=True)
+  logging.info("serving %s at %s (pid %d); SIGTERM stops it with exit code %d",
+               config.task, config.address, os.getpid(), errors.ExitCode.PREEMPTED)
+  stop.wait()
+  code = errors.exit_code_for_signal(stop.signum)
+  logging.info("%s stopping on %s: exit code %d", config.task,
+               signal.Signals(stop.signum).name, code)
+  return code

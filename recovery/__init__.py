@@ -1,0 +1,1 @@
+"""What happens when something fails: failure kinds, exit codes, log summaries."""

@@ -1,0 +1,1 @@
+"""The command-line edge: flags and subcommands of the `tfps` binary."""

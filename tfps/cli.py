@@ -1,0 +1,103 @@
+"""`tfps`: the one binary. `tfps run` serves any role; `tfps local` runs a cluster.
+
+This is the binary edge: the only place that defines flags, reads the
+environment (TF_CONFIG) and turns exception types into exit codes.
+
+  tfps run      role from TF_CONFIG, --cluster_spec FILE, or host flags;
+                ps/worker serve until SIGTERM; chief runs the coordinator.
+  tfps local    a whole cluster as local processes on a private loopback.
+"""
+
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from recovery import errors
+
+FLAGS = flags.FLAGS
+COMMANDS = ("run", "local")
+
+# --- who am I and where is everyone (tfps run) --------------------------------
+flags.DEFINE_string("cluster_spec", None,
+                    "JSON file: TF_CONFIG-shaped, or just the {job: [host:port]} map.")
+flags.DEFINE_string("job_name", None, "This task's job: chief, ps, worker or evaluator.")
+flags.DEFINE_integer("task_index", 0, "This task's index within its job.")
+flags.DEFINE_list("ps_hosts", [], "host:port of every ps task (instead of TF_CONFIG).")
+flags.DEFINE_list("worker_hosts", [], "host:port of every worker task.")
+flags.DEFINE_string("chief_host", None, "host:port of the chief.")
+flags.DEFINE_integer("inter_op_threads", None, "TF inter-op threads of a ps/worker server.")
+flags.DEFINE_float("ready_timeout", 180.0, "Seconds the chief waits for every task to answer.")
+
+# --- what to train (chief) -----------------------------------------------------
+flags.DEFINE_string("experiment", "ctr", "Built-in experiment name or package.module:factory.")
+flags.DEFINE_string("model_dir", None,
+                    "Checkpoints, summaries, events. tfps local: default a new temp dir.")
+flags.DEFINE_integer("train_steps", 2000, "Total training steps (global step to reach).")
+flags.DEFINE_integer("steps_per_loop", 200, "Steps per Orbit loop (progress/summary cadence).")
+flags.DEFINE_integer("steps_per_closure", 50, "Steps in one remote closure on a worker.")
+flags.DEFINE_integer("checkpoint_interval", 500, "Save a checkpoint every this many steps.")
+flags.DEFINE_integer("max_to_keep", 3, "Checkpoints to keep.")
+flags.DEFINE_enum("mode", "train_and_eval", ["train", "train_and_eval", "eval"], "What to run.")
+flags.DEFINE_integer("eval_steps", None, "Eval batches per evaluation (default: the whole eval set).")
+flags.DEFINE_integer("global_batch_size", 512, "Examples per step, across the workers.")
+flags.DEFINE_integer("seed", 0, "Seed of the synthetic data and initialisation.")
+
+# --- local cluster ---------------------------------------------------------------
+flags.DEFINE_integer("num_ps", 2, "tfps local: parameter servers.")
+flags.DEFINE_integer("num_workers", 2, "tfps local: workers.")
+flags.DEFINE_bool("isolate_network", True,
+                  "tfps local: run the cluster in a private network namespace (needs root).")
+flags.DEFINE_integer("max_restarts", 3, "tfps local: chief restarts allowed on retryable exits.")
+
+
+def _fail(message: str, code: errors.ExitCode) -> None:
+  """One line on stderr, then exit with `code`."""
+  sys.stderr.write(f"tfps: error: {message}\n")
+  sys.stderr.flush()
+  sys.exit(int(code))
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  try:
+    rest = FLAGS(argv)
+  except flags.Error as e:
+    _fail(str(e).splitlines()[0], errors.ExitCode.USAGE)
+  if len(rest) != 2 or rest[1] not in COMMANDS:
+    got = " ".join(rest[1:]) or "nothing"
+    _fail(f"command: expected one of {', '.join(COMMANDS)}, got {got!r} "
+          "(usage: tfps run|local [--flags])", errors.ExitCode.USAGE)
+  return rest
+
+
+def _prepare_environment() -> None:
+  """Settings TensorFlow reads from the environment, before it is imported."""
+  # TF's parameter-server tutorial: fail RPCs fast so the coordinator learns
+  # of lost tasks in seconds, not after gRPC's long reconnect backoff.
+  os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+  # C++ INFO lines are start-up chatter; warnings and errors stay (summarised).
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+
+def main(argv: list[str]) -> None:
+  command = argv[1]
+  logging.use_absl_handler()
+  logging.set_verbosity(logging.INFO)
+  _prepare_environment()
+  if command == "run":
+    from tfps import run_command
+    code = run_command.run(FLAGS)
+  else:
+    from tfps import local_command
+    code = local_command.run(FLAGS)
+  sys.exit(int(code))
+
+
+def run_main() -> None:
+  """Console-script entry point."""
+  try:
+    app.run(main, flags_parser=_parse_flags)
+  except errors.TfpsError as e:
+    _fail(str(e), e.exit_code)
