@@ -1,0 +1,49 @@
+"""`tfps` bad input: a one-line error naming field and value, exit code 2, fast."""
+
+import json
+
+import pytest
+
+CLUSTER = {"chief": ["localhost:1001"], "ps": ["localhost:1002"], "worker": ["localhost:1003"]}
+
+
+def one_error_line(result) -> str:
+  lines = [l for l in result.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1, result.stderr
+  assert lines[0].startswith("tfps: error: ")
+  return lines[0]
+
+
+def test_malformed_tf_config_exits_2_with_one_line(tfps):
+  result = tfps(["run"], env={"TF_CONFIG": "{not json"})
+  assert result.returncode == 2
+  assert "TF_CONFIG: malformed JSON '{not json'" in one_error_line(result)
+  assert result.stdout == ""
+
+
+@pytest.mark.parametrize("args, env, expected", [
+    (["run"], {}, "TF_CONFIG: is empty"),
+    (["run"], {"TF_CONFIG": json.dumps({"cluster": CLUSTER})}, "TF_CONFIG.task: missing"),
+    (["run"], {"TF_CONFIG": json.dumps({"cluster": CLUSTER, "task": {"type": "ps", "index": 4}})},
+     "task.index: 4 is out of range"),
+    (["run", "--ps_hosts=localhost:1", "--worker_hosts=localhost:1", "--job_name=ps"], {},
+     "--worker_hosts[0]: duplicate address 'localhost:1'"),
+    (["run", "--cluster_spec=/nonexistent/spec.json", "--job_name=ps"], {},
+     "--cluster_spec: cannot read '/nonexistent/spec.json'"),
+    (["run", "--task_index=x"], {}, "flag --task_index=x"),
+    (["run", "--no_such_flag"], {}, "Unknown command line flag 'no_such_flag'"),
+    (["fly"], {}, "command: expected one of run, local, got 'fly'"),
+    (["run", "--mode=sideways"], {}, "flag --mode=sideways"),
+])
+def test_bad_usage(tfps, args, env, expected):
+  result = tfps(args, env=env)
+  assert result.returncode == 2, result.stderr
+  assert expected in one_error_line(result)
+
+
+def test_evaluator_role_is_refused_with_a_reason(tfps):
+  config = {"cluster": dict(CLUSTER, evaluator=["localhost:1004"]),
+            "task": {"type": "evaluator", "index": 0}}
+  result = tfps(["run"], env={"TF_CONFIG": json.dumps(config)})
+  assert result.returncode == 2
+  assert "evaluator" in one_error_line(result)

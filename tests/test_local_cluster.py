@@ -1,0 +1,151 @@
+"""LocalCluster: real `tfps run` processes on loopback, real signals.
+
+One 1-ps/2-worker cluster is shared by the module (each start costs a
+TensorFlow import per task); every test leaves it with all tasks serving.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from cluster import local
+from cluster import processes
+from cluster import readiness
+from cluster import spec as spec_lib
+from recovery import errors
+
+pytestmark = pytest.mark.cluster
+
+WORKER_0 = spec_lib.TaskId(spec_lib.JobType.WORKER, 0)
+
+
+def _port(address: str) -> int:
+  return int(address.rpartition(":")[2])
+
+
+def _host_listening_ports() -> set[int]:
+  out = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True, timeout=10).stdout
+  return {int(line.split()[3].rpartition(":")[2]) for line in out.splitlines() if line.strip()}
+
+
+def _alive(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().split()[2] != "Z"
+  except FileNotFoundError:
+    return False
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+  config = local.LocalClusterConfig(
+      num_ps=1, num_workers=2, work_dir=str(tmp_path_factory.mktemp("cluster")))
+  with local.LocalCluster(config) as running:
+    yield running
+
+
+def test_every_task_serves_at_its_spec_address(cluster):
+  ports = cluster.listening_ports()
+  for task, handle in cluster.tasks.items():
+    assert handle.alive, task
+    assert _port(cluster.spec.address(task)) in ports
+  with open(cluster.worker(1).log_path) as f:
+    assert "serving worker:1 at " + cluster.spec.address(cluster.worker(1).task) in f.read()
+
+
+def test_sigkilled_worker_restarts_at_the_same_address(cluster):
+  worker = cluster.worker(1)
+  old_pid, address = worker.pid, worker.address
+  worker.kill(signal.SIGKILL)
+  assert worker.wait(timeout=10) == -signal.SIGKILL
+  # A dead task is reported at once, not after the readiness deadline.
+  with pytest.raises(RuntimeError, match=r"worker:1 is not running \(exit code -9\)"):
+    cluster.wait_ready([worker.task], timeout=1)
+  worker.restart(timeout=60)
+  assert worker.pid != old_pid and worker.address == address
+  assert _port(address) in cluster.listening_ports()
+
+
+def test_sigterm_gives_the_documented_exit_code(cluster):
+  worker = cluster.worker(1)
+  worker.kill(signal.SIGTERM)
+  assert worker.wait(timeout=15) == errors.ExitCode.PREEMPTED == 143
+  with open(worker.log_path) as f:
+    assert "worker:1 stopping on SIGTERM: exit code 143" in f.read()
+  worker.restart(timeout=60)
+
+
+def test_paused_task_is_named_unreachable_until_resumed(cluster):
+  worker = cluster.worker(0)
+  worker.pause()
+  try:
+    with pytest.raises(readiness.ClusterUnreachableError) as raised:
+      cluster.wait_ready([WORKER_0, cluster.ps(0).task], timeout=2)
+    assert raised.value.unreachable == (WORKER_0,)
+    assert f"worker:0 ({worker.address})" in str(raised.value)
+  finally:
+    worker.resume()
+  cluster.wait_ready([WORKER_0], timeout=30)
+
+
+def test_servers_are_reachable_only_inside_the_private_network(cluster):
+  if not cluster.isolated:
+    pytest.skip("no private network namespace here (needs root and iproute2)")
+  ports = {_port(cluster.spec.address(t)) for t in cluster.tasks}
+  # TF binds every interface, but the only interface in the namespace is lo.
+  links = cluster.network.run(["ip", "-o", "link", "show"]).splitlines()
+  assert [line.split(":")[1].strip() for line in links] == ["lo"]
+  assert ports <= cluster.listening_ports()
+  assert not ports & _host_listening_ports()
+
+
+def test_close_leaves_no_process_and_no_socket(tmp_path):
+  cluster = local.LocalCluster(local.LocalClusterConfig(
+      num_ps=1, num_workers=1, work_dir=str(tmp_path)))
+  with cluster:
+    pids = [h.pid for h in cluster.tasks.values()]
+    ports = {_port(cluster.spec.address(t)) for t in cluster.tasks}
+    netns_inode = os.stat(f"/proc/{pids[0]}/ns/net").st_ino
+    assert all(_alive(pid) for pid in pids)
+  assert not any(_alive(pid) for pid in pids)
+  assert not ports & _host_listening_ports()
+  if cluster.isolated:
+    members = [p for p in os.listdir("/proc") if p.isdigit() and _netns_inode(p) == netns_inode]
+    assert members == []
+
+
+def _netns_inode(pid: str) -> int | None:
+  try:
+    return os.stat(f"/proc/{pid}/ns/net").st_ino
+  except OSError:
+    return None
+
+
+PARENT = textwrap.dedent("""
+    import json, sys, time
+    from cluster import local
+    cluster = local.LocalCluster(local.LocalClusterConfig(num_ps=1, num_workers=1))
+    cluster.start()
+    print(json.dumps([h.pid for h in cluster.tasks.values()]), flush=True)
+    time.sleep(600)
+""")
+
+
+def test_tasks_die_when_the_parent_is_sigkilled():
+  parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+  try:
+    pids = json.loads(parent.stdout.readline())
+    assert len(pids) == 2 and all(_alive(pid) for pid in pids)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(timeout=10)
+    processes.wait_until(lambda: not any(_alive(pid) for pid in pids), timeout=15,
+                         what=f"tasks {pids} to die with their parent")
+  finally:
+    parent.kill()
+    parent.wait(timeout=10)

@@ -1,0 +1,57 @@
+"""Children never outlive their parent: real processes, real SIGKILL."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from cluster import processes
+
+PARENT = textwrap.dedent("""
+    import sys, time
+    from cluster import processes
+    child = processes.spawn([sys.executable, "-c", "import time; time.sleep(300)"])
+    print(child.pid, flush=True)
+    time.sleep(300)
+""")
+
+
+def _alive(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().split()[2] != "Z"  # A zombie is dead, only not yet reaped.
+  except FileNotFoundError:
+    return False
+
+
+def test_child_dies_when_parent_is_sigkilled():
+  parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+  try:
+    child_pid = int(parent.stdout.readline())
+    assert _alive(child_pid)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(10)
+    processes.wait_until(lambda: not _alive(child_pid), timeout=10,
+                         what=f"child {child_pid} to die with its parent")
+  finally:
+    parent.kill()
+    parent.wait(10)
+
+
+def test_stop_group_ends_a_stopped_process_and_its_children():
+  process = processes.spawn(
+      ["sh", "-c", "sleep 300 & sleep 300"], stdout=subprocess.DEVNULL)
+  processes.signal_group(process, signal.SIGSTOP)
+  code = processes.stop_group(process, grace=1.0)
+  assert code is not None and code != 0
+  # No process of its group is left.
+  out = subprocess.run(["pgrep", "-g", str(process.pid)], capture_output=True, text=True)
+  assert out.stdout.strip() == ""
+
+
+def test_wait_until_names_what_it_waited_for():
+  with pytest.raises(TimeoutError, match=r"0\.2s waiting for the moon"):
+    processes.wait_until(lambda: False, timeout=0.2, what="the moon")

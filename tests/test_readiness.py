@@ -1,0 +1,64 @@
+"""Readiness against real gRPC servers (grpcio) on loopback; no TensorFlow."""
+
+import concurrent.futures
+import time
+
+import grpc
+import portpicker
+import pytest
+
+from cluster import readiness
+from cluster import spec as spec_lib
+
+
+@pytest.fixture
+def grpc_server():
+  port = portpicker.pick_unused_port()
+  server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=1))
+  server.add_insecure_port(f"127.0.0.1:{port}")
+  server.start()
+  yield f"127.0.0.1:{port}"
+  server.stop(grace=None).wait(5)
+
+
+def test_all_reachable_returns(grpc_server):
+  cluster = spec_lib.ClusterSpec.from_dict({"ps": [grpc_server]})
+  start = time.monotonic()
+  readiness.wait_until_reachable(cluster, deadline=10)
+  assert time.monotonic() - start < 5
+
+
+def test_timeout_names_only_the_missing_task(grpc_server):
+  dead = f"127.0.0.1:{portpicker.pick_unused_port()}"
+  cluster = spec_lib.ClusterSpec.from_dict({"ps": [grpc_server], "worker": [dead]})
+  start = time.monotonic()
+  with pytest.raises(readiness.ClusterUnreachableError) as raised:
+    readiness.wait_until_reachable(cluster, deadline=2)
+  waited = time.monotonic() - start
+  assert 1.5 <= waited < 6, waited
+  assert raised.value.unreachable == (spec_lib.TaskId(spec_lib.JobType.WORKER, 0),)
+  message = str(raised.value)
+  assert f"worker:0 ({dead})" in message and "ps:0" not in message
+  assert raised.value.exit_code.retryable
+
+
+def test_task_that_comes_up_late_is_found(grpc_server):
+  port = portpicker.pick_unused_port()
+  late = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=1))
+  late.add_insecure_port(f"127.0.0.1:{port}")
+  cluster = spec_lib.ClusterSpec.from_dict({"ps": [grpc_server], "worker": [f"127.0.0.1:{port}"]})
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    waiting = pool.submit(readiness.wait_until_reachable, cluster, 20)
+    time.sleep(1.0)  # The probe must be retrying while the server is still down.
+    assert not waiting.done()
+    late.start()
+    try:
+      waiting.result(timeout=20)
+    finally:
+      late.stop(grace=None).wait(5)
+
+
+def test_subset_of_tasks(grpc_server):
+  dead = f"127.0.0.1:{portpicker.pick_unused_port()}"
+  cluster = spec_lib.ClusterSpec.from_dict({"ps": [grpc_server], "worker": [dead]})
+  readiness.wait_until_reachable(cluster, 5, tasks=[spec_lib.TaskId(spec_lib.JobType.PS, 0)])
