@@ -1,0 +1,122 @@
+"""What to do after a failure: a pure function of the failure and the history.
+
+Deciding is separate from doing (STYLE.md #4): `RestartPolicy.decide` maps
+(failure kind, past restarts, now) to an `Action`; the supervisor and the
+handlers only carry actions out. No TensorFlow, no clocks, no I/O here, so
+every row of the failure matrix is a plain unit test.
+
+The failure matrix (DESIGN.md) as decisions:
+
+  kind                  action                  why
+  WORKER_LOST           CONTINUE                TF re-runs its closures elsewhere and
+                                                re-admits it when it returns
+  WORKER_GONE           RESTART_WITHOUT_TASK    TF would wait up to an hour for it and
+                                                block everyone; go on without it
+  PS_LOST               WAIT_AND_RESTART        its variables are gone: wait for the
+                                                cluster, new coordinator, restore
+  CLUSTER_UNREACHABLE   WAIT_AND_RESTART        same, for whatever is missing
+  CHIEF_LOST            WAIT_AND_RESTART        (decided by whoever restarts the chief)
+  TASK_NOTICE           SAVE_NOW                a ps/worker got SIGTERM: save before it goes
+  CHIEF_NOTICE          SAVE_AND_EXIT           the chief got SIGTERM: save, exit 143
+  USER_ERROR, NAN_LOSS,
+  BAD_CONFIG,
+  BAD_CHECKPOINT        GIVE_UP                 permanent: a retry fails the same way
+
+Restarts are budgeted: more than `max_restarts` within `window_seconds`
+is a crash loop, and the answer becomes GIVE_UP with the reason.
+"""
+
+import dataclasses
+import enum
+from typing import Sequence
+
+
+class FailureKind(str, enum.Enum):
+  WORKER_LOST = "worker_lost"
+  WORKER_GONE = "worker_gone"
+  PS_LOST = "ps_lost"
+  CLUSTER_UNREACHABLE = "cluster_unreachable"
+  CHIEF_LOST = "chief_lost"
+  TASK_NOTICE = "task_preemption_notice"
+  CHIEF_NOTICE = "chief_preemption_notice"
+  USER_ERROR = "user_error"
+  NAN_LOSS = "nan_loss"
+  BAD_CONFIG = "bad_config"
+  BAD_CHECKPOINT = "bad_checkpoint"
+
+  @property
+  def permanent(self) -> bool:
+    return self in _PERMANENT
+
+
+_PERMANENT = frozenset({FailureKind.USER_ERROR, FailureKind.NAN_LOSS,
+                        FailureKind.BAD_CONFIG, FailureKind.BAD_CHECKPOINT})
+
+
+class Action(str, enum.Enum):
+  CONTINUE = "continue"
+  SAVE_NOW = "save_checkpoint_now"
+  SAVE_AND_EXIT = "save_and_exit"
+  WAIT_AND_RESTART = "wait_for_cluster_and_restart_coordinator"
+  RESTART_WITHOUT_TASK = "restart_coordinator_without_task"
+  GIVE_UP = "give_up"
+
+  @property
+  def restarts_coordinator(self) -> bool:
+    return self in (Action.WAIT_AND_RESTART, Action.RESTART_WITHOUT_TASK)
+
+
+_ACTIONS = {
+    FailureKind.WORKER_LOST: Action.CONTINUE,
+    FailureKind.WORKER_GONE: Action.RESTART_WITHOUT_TASK,
+    FailureKind.PS_LOST: Action.WAIT_AND_RESTART,
+    FailureKind.CLUSTER_UNREACHABLE: Action.WAIT_AND_RESTART,
+    FailureKind.CHIEF_LOST: Action.WAIT_AND_RESTART,
+    FailureKind.TASK_NOTICE: Action.SAVE_NOW,
+    FailureKind.CHIEF_NOTICE: Action.SAVE_AND_EXIT,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+  action: Action
+  reason: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RestartPolicy:
+  """Maps failures to actions; budgets coordinator restarts.
+
+  Attributes:
+    max_restarts: coordinator restarts allowed within `window_seconds`.
+    window_seconds: the sliding window of the budget.
+  """
+
+  max_restarts: int = 5
+  window_seconds: float = 600.0
+
+  def __post_init__(self):
+    if self.max_restarts < 0:
+      raise ValueError(f"max_restarts ({self.max_restarts}) must be >= 0")
+    if self.window_seconds <= 0:
+      raise ValueError(f"window_seconds ({self.window_seconds}) must be positive")
+
+  def decide(self, kind: FailureKind, restart_times: Sequence[float], now: float) -> Decision:
+    """The action for a failure of `kind`.
+
+    Args:
+      kind: what failed.
+      restart_times: when earlier coordinator restarts happened (any clock,
+        the same one as `now`).
+      now: the current time.
+    """
+    if kind.permanent:
+      return Decision(Action.GIVE_UP, f"{kind.value} is permanent: a retry would fail the same way")
+    action = _ACTIONS[kind]
+    if action.restarts_coordinator:
+      recent = [t for t in restart_times if now - t < self.window_seconds]
+      if len(recent) >= self.max_restarts:
+        return Decision(Action.GIVE_UP,
+                        f"restart budget spent: {len(recent)} restarts in the last "
+                        f"{self.window_seconds:.0f}s (max {self.max_restarts})")
+    return Decision(action, f"{kind.value} -> {action.value}")

@@ -1,0 +1,79 @@
+"""The restart policy and event log are pure: plain parametrized tests, no TF."""
+
+import json
+
+import pytest
+
+from recovery import events
+from recovery import policy
+
+Kind = policy.FailureKind
+Action = policy.Action
+
+
+@pytest.mark.parametrize("kind, action", [
+    (Kind.WORKER_LOST, Action.CONTINUE),
+    (Kind.WORKER_GONE, Action.RESTART_WITHOUT_TASK),
+    (Kind.PS_LOST, Action.WAIT_AND_RESTART),
+    (Kind.CLUSTER_UNREACHABLE, Action.WAIT_AND_RESTART),
+    (Kind.CHIEF_LOST, Action.WAIT_AND_RESTART),
+    (Kind.TASK_NOTICE, Action.SAVE_NOW),
+    (Kind.CHIEF_NOTICE, Action.SAVE_AND_EXIT),
+    (Kind.USER_ERROR, Action.GIVE_UP),
+    (Kind.NAN_LOSS, Action.GIVE_UP),
+    (Kind.BAD_CONFIG, Action.GIVE_UP),
+    (Kind.BAD_CHECKPOINT, Action.GIVE_UP),
+])
+def test_failure_matrix(kind, action):
+  assert policy.RestartPolicy().decide(kind, restart_times=[], now=0.0).action == action
+
+
+def test_permanent_failures_are_never_retried_even_with_budget_left():
+  decision = policy.RestartPolicy(max_restarts=100).decide(Kind.NAN_LOSS, [], 0.0)
+  assert decision.action == Action.GIVE_UP and "permanent" in decision.reason
+
+
+def test_restart_budget_stops_a_crash_loop():
+  rule = policy.RestartPolicy(max_restarts=3, window_seconds=60)
+  assert rule.decide(Kind.PS_LOST, [10, 20], now=30).action == Action.WAIT_AND_RESTART
+  decision = rule.decide(Kind.PS_LOST, [10, 20, 25], now=30)
+  assert decision.action == Action.GIVE_UP
+  assert "3 restarts in the last 60s (max 3)" in decision.reason
+
+
+def test_old_restarts_fall_out_of_the_window():
+  rule = policy.RestartPolicy(max_restarts=2, window_seconds=60)
+  assert rule.decide(Kind.PS_LOST, [0, 5], now=70).action == Action.WAIT_AND_RESTART
+
+
+def test_budget_does_not_apply_to_actions_without_restart():
+  rule = policy.RestartPolicy(max_restarts=0)
+  assert rule.decide(Kind.WORKER_LOST, [1, 2, 3], now=4).action == Action.CONTINUE
+  assert rule.decide(Kind.TASK_NOTICE, [1, 2, 3], now=4).action == Action.SAVE_NOW
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(max_restarts=-1), r"max_restarts \(-1\)"),
+    (dict(window_seconds=0), r"window_seconds \(0\)"),
+])
+def test_policy_validation_names_field_and_value(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    policy.RestartPolicy(**kwargs)
+
+
+def test_event_log_round_trip_and_summary(tmp_path):
+  log = events.EventLog(str(tmp_path))
+  log.append(events.Event(kind="failure", task="ps:0", failure=Kind.PS_LOST.value, step=120))
+  log.append(events.Event(kind="action", task="ps:0", action=Action.WAIT_AND_RESTART.value))
+  log.append(events.Event(kind="recovered", task="ps:0", steps_lost=20, seconds_to_recover=9.5))
+  log.append(events.Event(kind="failure", task="worker:1", failure=Kind.WORKER_LOST.value))
+  log.append(events.Event(kind="action", task="worker:1", action=Action.CONTINUE.value))
+  with open(log.path) as f:
+    lines = [json.loads(line) for line in f]
+  assert len(lines) == 5 and lines[0]["task"] == "ps:0" and "steps_lost" not in lines[0]
+  assert events.summarize(log.read()) == {"faults": 2, "restarts": 1, "steps_lost": 20}
+
+
+def test_event_kind_is_validated():
+  with pytest.raises(ValueError, match="kind \\('oops'\\)"):
+    events.Event(kind="oops")
