@@ -6,9 +6,12 @@ line filter: feed it each stderr line and the time, it returns the lines a
 person should see:
   * our own (absl) lines and anything it does not recognise pass unchanged;
   * TF's start-up chatter (oneDNN, CUDA, CPU instruction notes) is dropped;
-  * a gRPC failure becomes one line `grpc: <CODE> from <peer>: <reason>`, and
-    repeats of the same (code, peer) within `quiet_seconds` are counted, not
-    shown; the count is reported with the next line for that event.
+  * a gRPC failure record (a header line and its many continuation lines,
+    from TF's C++ or Python logging) becomes one line
+    `grpc: <CODE> from <task> (<address>): <reason>`, naming the task that
+    really failed (the deepest remote target); repeats of the same (code,
+    task) within `quiet_seconds` are counted, not shown, and the count is
+    reported with the next line for that event.
 
 This reads message text, which is fine for *display*; decisions about
 failures never do (they use exception types and status codes).
@@ -20,31 +23,54 @@ descriptor 2, so it also catches what TF's C++ code writes directly.
 import dataclasses
 import os
 import re
+import select
 import threading
 import time
 from typing import Callable
 
-# TF's C++ log line: "2026-01-01 12:00:00.123456: E tensorflow/...cc:123] message"
-# or glog/absl style: "E0000 00:00:1700000000.123 1234 file.cc:123] message".
-_CPP_LINE = re.compile(
-    r"^(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: ([IWEF]) \S+\] |([IWEF])\d{4} [\d:.]+\s+\d+ \S+\] )(.*)$")
-_GRPC_CODE = re.compile(
-    r"\b(UNAVAILABLE|DEADLINE_EXCEEDED|CANCELLED|ABORTED|UNKNOWN|INTERNAL|"
-    r"FAILED_PRECONDITION|Unavailable|DeadlineExceeded|Cancelled|Aborted)\b")
-_PEER = re.compile(
-    r"(/job:\w+/replica:\d+/task:\d+|ipv[46]:[\[\]\w.:%]+:\d+|\blocalhost:\d+|\b\d+\.\d+\.\d+\.\d+:\d+)")
+# A log record starts with one of these headers; other lines continue it.
+# TF C++: "2026-01-01 12:00:00.123456: E tensorflow/...cc:123] message"
+# glog/absl (C++ and Python): "E1121 12:00:00.123456 1234 file.py:123] message"
+# Python logging's default: "ERROR:tensorflow:message"
+_HEADER = re.compile(
+    r"^(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] \S+\] "
+    r"|[IWEF]\d{4} [\d:.]+\s+\d+ \S+\] "
+    r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]+:)(.*)$")
+_GRPC_CODES = {
+    "UNAVAILABLE": "UNAVAILABLE", "Unavailable": "UNAVAILABLE", "UnavailableError": "UNAVAILABLE",
+    "DEADLINE_EXCEEDED": "DEADLINE_EXCEEDED", "DeadlineExceeded": "DEADLINE_EXCEEDED",
+    "DeadlineExceededError": "DEADLINE_EXCEEDED", "CANCELLED": "CANCELLED",
+    "Cancelled": "CANCELLED", "CancelledError": "CANCELLED", "ABORTED": "ABORTED",
+    "AbortedError": "ABORTED", "grpc_status:14": "UNAVAILABLE", "grpc_status:4": "DEADLINE_EXCEEDED",
+    "grpc_status:1": "CANCELLED", "grpc_status:10": "ABORTED",
+}
+_GRPC_CODE = re.compile(r"\b(" + "|".join(sorted(_GRPC_CODES, key=len, reverse=True)) + r")\b")
+_REMOTE_TARGET = re.compile(r"remote target (/job:\w+/replica:\d+/task:\d+)")
+_TASK = re.compile(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)")
+_ADDRESS = re.compile(r"(?:ipv[46]:)?(\[[0-9a-fA-F:]+\]|\d+\.\d+\.\d+\.\d+|localhost):(\d+)")
 _REASONS = (
     ("connection refused", re.compile(r"[Cc]onnection refused")),
     ("connection reset", re.compile(r"[Cc]onnection reset|Socket closed|[Bb]roken pipe")),
-    ("no route", re.compile(r"failed to connect to all addresses|No route|unreachable")),
     ("deadline exceeded", re.compile(r"[Dd]eadline [Ee]xceeded|timed out")),
+    ("cannot connect", re.compile(r"failed to connect to all addresses|No route|unreachable")),
     ("cancelled", re.compile(r"[Cc]ancelled")),
 )
 _STARTUP_NOISE = re.compile(
     r"oneDNN custom operations|cuda drivers|cudart_stub|rebuild TensorFlow with the appropriate"
     r"|This TensorFlow binary is optimized|Unable to register cu|computation placer already"
     r"|All log messages before absl::InitializeLog|TF-TRT Warning|cuInit"
-    r"|could not retrieve CUDA device count|GPU will not be used|Started server with target")
+    r"|could not retrieve CUDA device count|GPU will not be used|Started server with target"
+    # Benign chatter while TF re-admits a worker; the event itself is reported.
+    r"|Device filters can only be specified|releasing multi-device function handle"
+    r"|deleting remote tensors handles")
+# Lines that continue a TF record: absorbed into a gRPC record or dropped with
+# a noise record. Anything else ends the record and is shown.
+_CONTINUATION = re.compile(
+    r"^(?:\s*$|Additional GRPC error information|:\w+:Error received from peer"
+    r"|To enable the following instructions|It is treated as a transient"
+    r"|Graph execution error:|\s*failed to connect to all addresses|\s*\{)")
+# A gRPC record longer than this is cut: its summary is emitted, the rest dropped.
+_MAX_RECORD_LINES = 200
 
 
 @dataclasses.dataclass
@@ -54,31 +80,53 @@ class _Event:
 
 
 class LogSummarizer:
-  """Pure line filter; see the module docstring. Not thread-safe."""
+  """Record-aware line filter; see the module docstring. Not thread-safe.
+
+  `feed` may hold back the lines of a gRPC error record until the record
+  ends (the next record starts); call `flush` when input goes quiet or ends.
+  """
 
   def __init__(self, quiet_seconds: float = 30.0):
     self._quiet = quiet_seconds
     self._events: dict[tuple[str, str], _Event] = {}
+    self._record: list[str] | None = None  # The gRPC record being collected.
+    self._dropping = False  # In a noise record: drop its continuation lines.
 
   def feed(self, line: str, now: float) -> list[str]:
-    """Returns the lines to show for one input `line` (without newline)."""
-    match = _CPP_LINE.match(line)
-    if match is None:
-      return [line] if not _STARTUP_NOISE.search(line) else []
-    message = match.group(3)
+    """Returns the lines to show, given one more input `line` (no newline)."""
+    header = _HEADER.match(line)
+    if header is None and _CONTINUATION.match(line):
+      if self._record is not None:
+        self._record.append(line)
+        return [] if len(self._record) < _MAX_RECORD_LINES else self.flush(now)
+      if self._dropping:
+        return []
+    out = self.flush(now)
+    self._dropping = False
+    if header is None:
+      return out + ([] if _STARTUP_NOISE.search(line) else [line])
+    message = header.group(1)
     if _STARTUP_NOISE.search(message):
-      return []
-    code = _GRPC_CODE.search(message)
-    if code is None:
-      return [line]
-    return self._grpc_event(code.group(1), message, now)
+      self._dropping = True
+      return out
+    if _GRPC_CODE.search(message):
+      self._record = [message]
+      return out
+    return out + [line]
 
-  def _grpc_event(self, code: str, message: str, now: float) -> list[str]:
-    code = _normalise_code(code)
-    peer = _PEER.search(message)
-    peer_name = peer.group(1) if peer else "a peer"
-    reason = next((name for name, pattern in _REASONS if pattern.search(message)), "")
-    key = (code, peer_name)
+  def flush(self, now: float) -> list[str]:
+    """Ends the record being collected; returns its summary line, if shown."""
+    if self._record is None:
+      return []
+    text = "\n".join(self._record)
+    self._record = None
+    return self._grpc_event(text, now)
+
+  def _grpc_event(self, text: str, now: float) -> list[str]:
+    code = _GRPC_CODES[_GRPC_CODE.search(text).group(1)]
+    peer = _peer(text)
+    reason = next((name for name, pattern in _REASONS if pattern.search(text)), "")
+    key = (code, peer)
     event = self._events.get(key)
     if event is not None and now - event.last_shown < self._quiet:
       event.suppressed += 1
@@ -87,12 +135,26 @@ class LogSummarizer:
         if event is not None and event.suppressed else ""
     self._events[key] = _Event(last_shown=now)
     detail = f": {reason}" if reason else ""
-    return [f"grpc: {code} from {peer_name}{detail}{repeats}"]
+    return [f"grpc: {code} from {peer}{detail}{repeats}"]
 
 
-def _normalise_code(code: str) -> str:
-  return {"Unavailable": "UNAVAILABLE", "DeadlineExceeded": "DEADLINE_EXCEEDED",
-          "Cancelled": "CANCELLED", "Aborted": "ABORTED"}.get(code, code)
+def _peer(text: str) -> str:
+  """The task that failed: the deepest remote target named, else the first task.
+
+  TF nests errors: a worker's closure fails *because* a ps is gone, and the ps
+  is the last "remote target" in the chain. The address is added when given.
+  """
+  targets = _REMOTE_TARGET.findall(text)
+  task = _TASK.search(targets[-1] if targets else text)
+  address = _ADDRESS.search(text)
+  name = f"{task.group(1)}:{task.group(2)}" if task else ""
+  where = f"{address.group(1)}:{address.group(2)}" if address else ""
+  if name and where:
+    return f"{name} ({where})"
+  return name or where or "a peer"
+
+
+_IDLE_FLUSH_SECONDS = 0.5
 
 
 class StderrFilter:
@@ -110,17 +172,29 @@ class StderrFilter:
     read_fd, write_fd = os.pipe()
     os.dup2(write_fd, 2)
     os.close(write_fd)
-    self._reader = os.fdopen(read_fd, "r", encoding="utf-8", errors="replace")
+    # Unbuffered reads (buffering=1 is line-buffered text) keep select() honest.
+    self._reader = os.fdopen(read_fd, "r", buffering=1, encoding="utf-8", errors="replace")
     self._thread = threading.Thread(target=self._pump, name="tfps-stderr-filter", daemon=True)
     self._thread.start()
 
   def _pump(self) -> None:
     try:
-      for line in self._reader:
-        for out in self._summarizer.feed(line.rstrip("\n"), self._clock()):
-          os.write(self._real_stderr, (out + "\n").encode("utf-8", errors="replace"))
+      while True:
+        # A gRPC record is complete when the next one starts or input pauses.
+        if not select.select([self._reader], [], [], _IDLE_FLUSH_SECONDS)[0]:
+          self._write(self._summarizer.flush(self._clock()))
+          continue
+        line = self._reader.readline()
+        if not line:
+          break
+        self._write(self._summarizer.feed(line.rstrip("\n"), self._clock()))
+      self._write(self._summarizer.flush(self._clock()))
     except Exception as e:  # Never die silently: say so on the real stderr.
       os.write(self._real_stderr, f"tfps: stderr filter stopped: {e!r}\n".encode())
+
+  def _write(self, lines: list[str]) -> None:
+    for out in lines:
+      os.write(self._real_stderr, (out + "\n").encode("utf-8", errors="replace"))
 
   def close(self, timeout: float = 2.0) -> None:
     """Restores fd 2 and forwards whatever is still in the pipe."""

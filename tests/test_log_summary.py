@@ -1,56 +1,79 @@
-"""The gRPC log summarizer is a pure line filter: test it line by line."""
+"""The gRPC log summarizer is a pure line filter: test it line by line.
+
+`data/worker_and_ps_loss_stderr.txt` is a real capture: the stderr of a
+coordinator (TF 2.20) that lost a worker, recovered, then lost its ps. The
+`MARK` lines are the capturing script's own and must survive.
+"""
+
+import os
 
 from recovery import log_summary
 
+CAPTURE = os.path.join(os.path.dirname(__file__), "data", "worker_and_ps_loss_stderr.txt")
 REFUSED = ("2026-11-21 23:55:00.123456: E tensorflow/core/distributed_runtime/eager/"
            "remote_copy_node.cc:123] UNAVAILABLE: failed to connect to all addresses; last error: "
            "UNKNOWN: ipv4:127.0.0.1:{port}: Failed to connect to remote host: Connection refused")
-GLOG_UNAVAILABLE = ("E0000 00:00:1795305226.996703    3108 grpc_remote_worker.cc:99] "
-                    "Unavailable: Socket closed from /job:worker/replica:0/task:1 "
-                    "additional GRPC error information: {...}")
 
 
-def feed_all(summarizer, lines, start=0.0, step=0.1):
+def feed_all(summarizer, lines, start=0.0, step=0.01):
   out = []
   for i, line in enumerate(lines):
-    out += summarizer.feed(line, start + i * step)
-  return out
+    out += summarizer.feed(line.rstrip("\n"), start + i * step)
+  return out + summarizer.flush(start + len(lines) * step)
 
 
-def test_repeated_grpc_errors_become_one_line():
+def test_real_capture_becomes_one_line_per_event():
+  with open(CAPTURE) as f:
+    lines = f.readlines()
+  assert len(lines) > 40
+  out = feed_all(log_summary.LogSummarizer(), lines)
+  assert [l for l in out if not l.startswith("MARK")] == [
+      "grpc: UNAVAILABLE from worker:1 (127.0.0.1:45631): connection refused",
+      "grpc: UNAVAILABLE from ps:0 (127.0.0.1:42521): connection refused",
+  ]
+  assert [l.split()[1] for l in out if l.startswith("MARK")] == ["before", "joined", "ps"]
+
+
+def test_repeats_are_counted_and_reported_after_the_quiet_period():
   summarizer = log_summary.LogSummarizer(quiet_seconds=30)
-  out = feed_all(summarizer, [REFUSED.format(port=1234)] * 50)
-  assert out == ["grpc: UNAVAILABLE from ipv4:127.0.0.1:1234: connection refused"]
-
-
-def test_after_quiet_period_the_count_is_reported():
-  summarizer = log_summary.LogSummarizer(quiet_seconds=30)
-  feed_all(summarizer, [REFUSED.format(port=1234)] * 10, start=0, step=1)
-  out = summarizer.feed(REFUSED.format(port=1234), 40.0)
-  assert out == ["grpc: UNAVAILABLE from ipv4:127.0.0.1:1234: connection refused "
-                 "(9 similar in the last 40s)"]
+  # Ten records, one a second; each is timed when it ends (the next starts).
+  out = feed_all(summarizer, [REFUSED.format(port=1234)] * 10, start=0, step=1)
+  assert out == ["grpc: UNAVAILABLE from 127.0.0.1:1234: connection refused"]
+  out = summarizer.feed(REFUSED.format(port=1234), 40.0) + summarizer.flush(40.0)
+  assert out == ["grpc: UNAVAILABLE from 127.0.0.1:1234: connection refused "
+                 "(9 similar in the last 39s)"]
 
 
 def test_different_peers_are_different_events():
+  out = feed_all(log_summary.LogSummarizer(),
+                 [REFUSED.format(port=1), REFUSED.format(port=2), REFUSED.format(port=1)])
+  assert out == ["grpc: UNAVAILABLE from 127.0.0.1:1: connection refused",
+                 "grpc: UNAVAILABLE from 127.0.0.1:2: connection refused"]
+
+
+def test_a_record_ends_at_a_line_that_is_not_its_continuation():
   summarizer = log_summary.LogSummarizer()
-  out = feed_all(summarizer, [REFUSED.format(port=1), REFUSED.format(port=2),
-                              GLOG_UNAVAILABLE, GLOG_UNAVAILABLE])
-  assert out == ["grpc: UNAVAILABLE from ipv4:127.0.0.1:1: connection refused",
-                 "grpc: UNAVAILABLE from ipv4:127.0.0.1:2: connection refused",
-                 "grpc: UNAVAILABLE from /job:worker/replica:0/task:1: connection reset"]
+  out = summarizer.feed(REFUSED.format(port=7), 0.0)
+  assert out == []  # Held until the record ends.
+  out = summarizer.feed("Additional GRPC error information from remote target "
+                        "/job:ps/replica:0/task:3 while calling X:", 0.1)
+  assert out == []
+  out = summarizer.feed("plain output of the user's program", 0.2)
+  assert out == ["grpc: UNAVAILABLE from ps:3 (127.0.0.1:7): connection refused",
+                 "plain output of the user's program"]
 
 
 def test_startup_noise_is_dropped_and_other_lines_pass():
-  summarizer = log_summary.LogSummarizer()
   noise = [
       "2026-11-21 23:51:28.221546: I tensorflow/core/util/port.cc:153] oneDNN custom operations "
       "are on. You may see slightly different numerical results.",
-      "2026-11-21 23:51:28.222748: I external/local_xla/xla/tsl/cuda/cudart_stub.cc:31] Could "
-      "not find cuda drivers on your machine, GPU will not be used.",
+      "2026-11-21 23:59:01.998104: I tensorflow/core/platform/cpu_feature_guard.cc:210] This "
+      "TensorFlow binary is optimized to use available CPU instructions.",
+      "To enable the following instructions: AVX2 AVX512F, in other operations, rebuild.",
       "I0000 00:00:1795305226.996703    3108 grpc_server_lib.cc:466] Started server with target: "
       "grpc://localhost:39317",
   ]
   ours = ["I1121 23:53:46.997066 139779387763584 server.py:97] serving ps:0 at localhost:1",
           "Traceback (most recent call last):",
           "2026-11-21 23:51:28.2: W tensorflow/core/framework/op_kernel.cc:1] Out of range: End"]
-  assert feed_all(summarizer, noise + ours) == ours
+  assert feed_all(log_summary.LogSummarizer(), noise + ours) == ours
