@@ -8,50 +8,19 @@ process with `os._exit` after flushing its logs.
 
 Stop signals must be trapped before TensorFlow is imported (a SIGTERM during
 the ~7 s import would otherwise kill the process with -15 instead of 143):
-call `StopSignals.install()` first, then `serve`.
+call `recovery.signals.StopSignals.install()` first, then `serve`.
 """
 
 import dataclasses
 import os
 import signal
-import threading
 
 from absl import logging
 
 from cluster import inprocess
 from cluster import spec as spec_lib
 from recovery import errors
-
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-class StopSignals:
-  """Records the first SIGTERM/SIGINT; `wait` blocks until one arrives."""
-
-  def __init__(self):
-    self._event = threading.Event()
-    self.signum: int | None = None
-
-  @classmethod
-  def install(cls) -> "StopSignals":
-    stop = cls()
-    for sig in _STOP_SIGNALS:
-      signal.signal(sig, stop._handle)
-    return stop
-
-  def _handle(self, signum, frame) -> None:
-    del frame
-    if self.signum is None:
-      self.signum = signum
-    self._event.set()
-
-  @property
-  def requested(self) -> bool:
-    return self._event.is_set()
-
-  def wait(self, timeout: float | None = None) -> bool:
-    return self._event.wait(timeout)
-
+from recovery.signals import StopSignals
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ServerOptions:

@@ -22,8 +22,8 @@ import tempfile
 from absl import logging
 
 from cluster import local
-from ps_worker import server
 from recovery import errors
+from recovery import signals
 
 _POLL_SECONDS = 0.5
 # How long the chief may take to save and exit after we pass on a SIGTERM.
@@ -52,7 +52,7 @@ def chief_flags(flags, model_dir: str) -> list[str]:
 
 
 def run(flags) -> errors.ExitCode:
-  stop = server.StopSignals.install()
+  stop = signals.StopSignals.install()
   if flags.max_restarts < 0:
     raise errors.UsageError(f"max_restarts ({flags.max_restarts}) must be >= 0")
   model_dir = flags.model_dir or tempfile.mkdtemp(prefix="tfps-local-model-")
@@ -81,7 +81,7 @@ def run(flags) -> errors.ExitCode:
 
 
 def _supervise(cluster: local.LocalCluster, chief: local.TaskHandle,
-               stop: server.StopSignals, max_restarts: int) -> _Outcome:
+               stop: signals.StopSignals, max_restarts: int) -> _Outcome:
   """Runs the chief to the end, restarting what dies, as an orchestrator would."""
   chief_restarts = task_restarts = 0
   chief.start()

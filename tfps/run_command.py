@@ -9,6 +9,7 @@ from absl import logging
 from cluster import spec as spec_lib
 from recovery import errors
 from recovery import log_summary
+from recovery import signals
 
 
 def task_config_from_flags(flags) -> spec_lib.TaskConfig:
@@ -27,7 +28,7 @@ def task_config_from_flags(flags) -> spec_lib.TaskConfig:
 def run(flags) -> errors.ExitCode:
   from ps_worker import server  # Installs nothing on import; cheap.
 
-  stop = server.StopSignals.install()
+  stop = signals.StopSignals.install()
   config = task_config_from_flags(flags)  # Bad spec: UsageError, before TF loads.
   stderr_filter = log_summary.install_stderr_filter()
   try:

@@ -1,0 +1,172 @@
+"""The chief's supervisor: runs the coordinator as a child process, brings it back.
+
+Why a child process: after a ps is lost, its variables are gone and TF's
+in-process cluster state cannot be rebuilt; a *new coordinator process*
+against the live servers can (FIELD_NOTES). So `tfps run` on the chief is a
+small supervisor that starts the coordinator, reads how it ended from its
+exit code (set by exception *type*, see `errors`), asks the pure
+`RestartPolicy` what to do, and does it:
+
+  coordinator exit          failure kind          usual action
+  0                         -                     done
+  2 (usage)                 BAD_CONFIG            give up, exit 2
+  1 (permanent)             USER_ERROR            give up, exit 1
+  170 (lost ps / cluster)   PS_LOST               wait for the cluster, restart
+  killed by a signal        CHIEF_LOST            wait for the cluster, restart
+  other                     CLUSTER_UNREACHABLE   wait for the cluster, restart
+
+A SIGTERM/SIGINT to the supervisor is passed to the coordinator, which saves
+and exits; the supervisor then exits 143/130 without restarting. Waiting for
+the cluster has a deadline; past it the supervisor exits 170 so that the
+orchestrator (Kubernetes, systemd) retries later. Every failure, action and
+recovery goes to the event log.
+"""
+
+import dataclasses
+import signal
+import subprocess
+import time
+from typing import Callable
+
+from absl import logging
+
+from recovery import errors
+from recovery import events as events_lib
+from recovery import policy as policy_lib
+from recovery import signals
+
+Kind = policy_lib.FailureKind
+Action = policy_lib.Action
+
+_POLL_SECONDS = 0.5
+
+
+def classify_exit(code: int) -> Kind | None:
+  """The failure a coordinator exit code means; None when it finished."""
+  if code == errors.ExitCode.OK:
+    return None
+  if code == errors.ExitCode.USAGE:
+    return Kind.BAD_CONFIG
+  if code == errors.ExitCode.CLUSTER_LOST:
+    return Kind.PS_LOST
+  if code < 0 or code >= 128:
+    # Killed (OOM killer, SIGKILL) or stopped by a signal we did not send.
+    return Kind.CHIEF_LOST
+  return Kind.USER_ERROR
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SupervisorConfig:
+  """Attributes:
+    policy: what to do per failure, and the restart budget.
+    cluster_wait_seconds: how long to wait for the cluster before a restart;
+      past it the supervisor exits 170 (retryable).
+    stop_grace_seconds: how long the coordinator gets to save and exit after
+      a passed-on SIGTERM before it is killed.
+  """
+
+  policy: policy_lib.RestartPolicy = policy_lib.RestartPolicy()
+  cluster_wait_seconds: float = 600.0
+  stop_grace_seconds: float = 60.0
+
+  def __post_init__(self):
+    for field in ("cluster_wait_seconds", "stop_grace_seconds"):
+      if getattr(self, field) <= 0:
+        raise errors.UsageError(f"{field} ({getattr(self, field)}) must be positive")
+
+
+@dataclasses.dataclass(frozen=True)
+class SupervisorResult:
+  exit_code: errors.ExitCode
+  restarts: int
+  reason: str
+
+
+class Supervisor:
+  """Carries out the policy's decisions for one chief (see module docstring)."""
+
+  def __init__(self, config: SupervisorConfig, *,
+               start_coordinator: Callable[[int], subprocess.Popen],
+               wait_for_cluster: Callable[[float], None],
+               event_log: events_lib.EventLog,
+               stop: signals.StopSignals,
+               clock: Callable[[], float] = time.monotonic):
+    """Args:
+      start_coordinator: starts the coordinator process; gets the attempt number.
+      wait_for_cluster: blocks until every ps/worker answers, or raises a
+        `RetryableError` after the given number of seconds.
+      event_log: where failures, actions and recoveries are recorded.
+      stop: the supervisor's own stop signals, passed on to the coordinator.
+    """
+    self._config = config
+    self._start = start_coordinator
+    self._wait_for_cluster = wait_for_cluster
+    self._events = event_log
+    self._stop = stop
+    self._clock = clock
+
+  def run(self) -> SupervisorResult:
+    restart_times: list[float] = []
+    attempt = 0
+    while True:
+      process = self._start(attempt)
+      code = self._wait(process)
+      if self._stop.requested:
+        reason = f"stopped by {signal.Signals(self._stop.signum).name}"
+        return SupervisorResult(errors.exit_code_for_signal(self._stop.signum),
+                                len(restart_times), reason)
+      kind = classify_exit(code)
+      if kind is None:
+        return SupervisorResult(errors.ExitCode.OK, len(restart_times), "finished")
+      now = self._clock()
+      decision = self._config.policy.decide(kind, restart_times, now)
+      self._record(kind, decision, code)
+      if decision.action == Action.GIVE_UP:
+        logging.error("coordinator exited with code %d (%s); giving up: %s",
+                      code, kind.value, decision.reason)
+        exit_code = errors.ExitCode.USAGE if kind == Kind.BAD_CONFIG else errors.ExitCode.PERMANENT
+        return SupervisorResult(exit_code, len(restart_times), decision.reason)
+      logging.warning("coordinator exited with code %d (%s): %s", code, kind.value,
+                      decision.action.value)
+      try:
+        self._wait_for_cluster(self._config.cluster_wait_seconds)
+      except errors.RetryableError as e:
+        logging.error("cluster did not come back: %s", e)
+        self._events.append(events_lib.Event(kind="action", task="chief:0",
+                                             action=Action.GIVE_UP.value, detail=str(e)))
+        return SupervisorResult(errors.ExitCode.CLUSTER_LOST, len(restart_times), str(e))
+      restart_times.append(now)
+      attempt += 1
+      self._events.append(events_lib.Event(
+          kind="recovered", task="chief:0", failure=kind.value,
+          seconds_to_recover=round(self._clock() - now, 3),
+          detail=f"cluster reachable; starting coordinator attempt {attempt}"))
+
+  def _wait(self, process: subprocess.Popen) -> int:
+    """Waits for the coordinator to exit, passing on a stop signal once."""
+    passed_on = False
+    deadline = None
+    while True:
+      try:
+        return process.wait(timeout=_POLL_SECONDS)
+      except subprocess.TimeoutExpired:
+        pass
+      if self._stop.requested and not passed_on:
+        logging.warning("passing %s to the coordinator (pid %d); it saves, then exits",
+                        signal.Signals(self._stop.signum).name, process.pid)
+        process.send_signal(self._stop.signum)
+        passed_on = True
+        deadline = self._clock() + self._config.stop_grace_seconds
+      if deadline is not None and self._clock() > deadline:
+        logging.error("coordinator did not exit %.0fs after the stop signal; killing it",
+                      self._config.stop_grace_seconds)
+        process.kill()
+        return process.wait(timeout=10)
+
+  def _record(self, kind: Kind, decision: policy_lib.Decision, code: int) -> None:
+    self._events.append(events_lib.Event(
+        kind="failure", task="chief:0", failure=kind.value,
+        detail=f"coordinator exited with code {code}"))
+    self._events.append(events_lib.Event(
+        kind="action", task="chief:0", failure=kind.value, action=decision.action.value,
+        detail=decision.reason))

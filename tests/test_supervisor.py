@@ -1,0 +1,123 @@
+"""The supervisor against real child processes standing in for the coordinator.
+
+The child is a tiny Python program whose exit code per attempt comes from a
+plan, so every branch is exercised with real processes and real signals,
+without TensorFlow.
+"""
+
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from recovery import errors
+from recovery import events
+from recovery import policy
+from recovery import signals
+from recovery import supervisor
+
+Kind = policy.FailureKind
+
+# Prints "ready", then exits with its planned code, or waits for SIGTERM and exits 143.
+CHILD = """
+import signal, sys, time
+code = sys.argv[1]
+print("ready", flush=True)
+if code == "wait":
+  signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+  time.sleep(60)
+  sys.exit(3)
+sys.exit(int(code))
+"""
+
+
+class Harness:
+  """Starts the planned children; counts cluster waits."""
+
+  def __init__(self, plan, cluster_up=True):
+    self.plan = list(plan)
+    self.cluster_up = cluster_up
+    self.started = []
+    self.cluster_waits = 0
+
+  def start(self, attempt):
+    assert attempt == len(self.started)
+    process = subprocess.Popen([sys.executable, "-c", CHILD, str(self.plan[attempt])],
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "ready"
+    self.started.append(process)
+    return process
+
+  def wait_for_cluster(self, seconds):
+    self.cluster_waits += 1
+    if not self.cluster_up:
+      raise errors.RetryableError(f"tasks still unreachable after {seconds:.1f}s: ps:0")
+
+
+def run(harness, tmp_path, stop=None, **config):
+  log = events.EventLog(str(tmp_path))
+  result = supervisor.Supervisor(
+      supervisor.SupervisorConfig(**config), start_coordinator=harness.start,
+      wait_for_cluster=harness.wait_for_cluster, event_log=log,
+      stop=stop or signals.StopSignals()).run()
+  for process in harness.started:
+    assert process.poll() is not None
+    process.stdout.close()
+  return result, log.read()
+
+
+@pytest.mark.parametrize("code, kind", [
+    (0, None), (2, Kind.BAD_CONFIG), (1, Kind.USER_ERROR), (3, Kind.USER_ERROR),
+    (170, Kind.PS_LOST), (-9, Kind.CHIEF_LOST), (143, Kind.CHIEF_LOST), (137, Kind.CHIEF_LOST),
+])
+def test_classify_exit(code, kind):
+  assert supervisor.classify_exit(code) == kind
+
+
+def test_ps_loss_restarts_the_coordinator_after_the_cluster_is_back(tmp_path):
+  harness = Harness([170, 170, 0])
+  result, log = run(harness, tmp_path)
+  assert result == supervisor.SupervisorResult(errors.ExitCode.OK, 2, "finished")
+  assert harness.cluster_waits == 2 and len(harness.started) == 3
+  assert [e.kind for e in log] == ["failure", "action", "recovered"] * 2
+  assert log[1].action == policy.Action.WAIT_AND_RESTART.value
+  assert events.summarize(log) == {"faults": 2, "restarts": 2, "steps_lost": 0}
+
+
+@pytest.mark.parametrize("code, exit_code", [(1, errors.ExitCode.PERMANENT),
+                                              (2, errors.ExitCode.USAGE)])
+def test_permanent_exit_is_not_retried(tmp_path, code, exit_code):
+  harness = Harness([code, 0])
+  result, log = run(harness, tmp_path)
+  assert result.exit_code == exit_code and result.restarts == 0
+  assert len(harness.started) == 1 and harness.cluster_waits == 0
+  assert log[-1].action == policy.Action.GIVE_UP.value
+
+
+def test_crash_loop_spends_the_budget_and_exits_1(tmp_path):
+  harness = Harness([-9] * 10)
+  result, _ = run(harness, tmp_path,
+                  policy=policy.RestartPolicy(max_restarts=2, window_seconds=600))
+  assert result.exit_code == errors.ExitCode.PERMANENT
+  assert "restart budget spent: 2 restarts" in result.reason
+  assert len(harness.started) == 3
+
+
+def test_cluster_that_never_returns_exits_retryable(tmp_path):
+  harness = Harness([170, 0], cluster_up=False)
+  result, log = run(harness, tmp_path)
+  assert result.exit_code == errors.ExitCode.CLUSTER_LOST and result.exit_code.retryable
+  assert "ps:0" in result.reason and len(harness.started) == 1
+
+
+def test_sigterm_is_passed_on_and_not_restarted(tmp_path):
+  harness = Harness(["wait", 0])
+  stop = signals.StopSignals()
+  # Deliver the stop as the signal handler would, once the child runs.
+  threading.Timer(1.0, stop._handle, args=(signal.SIGTERM, None)).start()
+  result, log = run(harness, tmp_path, stop=stop)
+  assert result.exit_code == errors.ExitCode.PREEMPTED
+  assert harness.started[0].returncode == 143
+  assert len(harness.started) == 1 and log == []
