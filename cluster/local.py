@@ -158,7 +158,7 @@ class LocalCluster:
     self.log_dir = os.path.join(self.work_dir, "logs")
     self.network: netns.PrivateNetwork | None = None
     self.spec = spec_lib.ClusterSpec.from_dict({
-        "chief": _addresses(1), "ps": _addresses(config.num_ps),
+        "chief": [_chief_address()], "ps": _addresses(config.num_ps),
         "worker": _addresses(config.num_workers)})
     self.spec_file = os.path.join(self.work_dir, "cluster.json")
     self.tasks: dict[TaskId, TaskHandle] = {}
@@ -279,6 +279,15 @@ class LocalCluster:
     out = self.network.run(argv) if self.network else subprocess.run(
         argv, check=True, capture_output=True, text=True, timeout=10).stdout
     return {int(line.split()[3].rpartition(":")[2]) for line in out.splitlines() if line.strip()}
+
+
+def _chief_address() -> str:
+  """A free port for the chief whose next port (its control channel) is free too."""
+  for _ in range(100):
+    port = portpicker.pick_unused_port()
+    if port < 65535 and portpicker.is_port_free(port + 1):
+      return f"localhost:{port}"
+  raise OSError("no free port pair for the chief and its control channel")
 
 
 def _addresses(count: int) -> list[str]:

@@ -3,7 +3,9 @@
 `serve` starts a `tf.distribute.Server` for this task and blocks until the
 process is asked to stop (SIGTERM or SIGINT), then returns the exit code the
 orchestrator should see: 143 for SIGTERM (preempted: restart me), 130 for
-SIGINT. A TF server cannot be shut down in-process, so the caller ends the
+SIGINT. On SIGTERM it first warns the chief over the control channel and
+waits, within the grace period, until the chief has saved (see
+`recovery.control`). A TF server cannot be shut down in-process, so the caller ends the
 process with `os._exit` after flushing its logs.
 
 Stop signals must be trapped before TensorFlow is imported (a SIGTERM during
@@ -14,13 +16,20 @@ call `recovery.signals.StopSignals.install()` first, then `serve`.
 import dataclasses
 import os
 import signal
+import time
 
+import grpc
 from absl import logging
 
 from cluster import inprocess
 from cluster import spec as spec_lib
+from recovery import control
 from recovery import errors
 from recovery.signals import StopSignals
+
+# Left of the grace period after the notice, to flush logs and exit.
+_GRACE_MARGIN_SECONDS = 2.0
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ServerOptions:
@@ -29,14 +38,27 @@ class ServerOptions:
   Attributes:
     inter_op_threads: TF inter-op threads; None picks a safe default (for a
       worker, enough that concurrent closures cannot deadlock on 2 cores).
+    grace_seconds: time between SIGTERM and the hard kill (GKE Spot pods
+      ~15 s, Spot VMs ~30 s). On SIGTERM the task warns the chief and stays
+      up, at most this long less a safety margin, while the chief saves.
+    control_address: the chief's control channel; None disables the notice.
   """
 
   inter_op_threads: int | None = None
+  grace_seconds: float = 15.0
+  control_address: str | None = None
 
   def __post_init__(self):
     if self.inter_op_threads is not None and self.inter_op_threads < 1:
       raise errors.UsageError(
           f"inter_op_threads ({self.inter_op_threads}) must be a positive integer")
+    if self.grace_seconds <= _GRACE_MARGIN_SECONDS:
+      raise errors.UsageError(
+          f"grace_seconds ({self.grace_seconds}) must be more than {_GRACE_MARGIN_SECONDS}")
+
+  @property
+  def notice_deadline(self) -> float:
+    return self.grace_seconds - _GRACE_MARGIN_SECONDS
 
 
 def _server_cluster(cluster: spec_lib.ClusterSpec) -> dict[str, list[str]]:
@@ -66,7 +88,24 @@ def serve(config: spec_lib.TaskConfig, stop: StopSignals,
   logging.info("serving %s at %s (pid %d); SIGTERM stops it with exit code %d",
                config.task, config.address, os.getpid(), errors.ExitCode.PREEMPTED)
   stop.wait()
+  if stop.signum == signal.SIGTERM and options.control_address:
+    _warn_chief(config.task, options)
   code = errors.exit_code_for_signal(stop.signum)
   logging.info("%s stopping on %s: exit code %d", config.task,
                signal.Signals(stop.signum).name, code)
   return code
+
+
+def _warn_chief(task: spec_lib.TaskId, options: ServerOptions) -> None:
+  """Tells the chief we are going and waits (bounded) until it has saved."""
+  notice = control.Notice(task=str(task), deadline_seconds=options.notice_deadline)
+  start = time.monotonic()
+  try:
+    reply = control.send_notice(options.control_address, notice)
+  except grpc.RpcError as e:  # No chief, or it did not answer in time: go anyway.
+    logging.warning("%s: preemption notice to the chief at %s not answered (%s) after %.1fs",
+                    task, options.control_address, e.code().name, time.monotonic() - start)
+    return
+  logging.info("%s: chief %s after %.1fs (%s)", task,
+               "saved a checkpoint" if reply.saved else "did not save",
+               time.monotonic() - start, reply.detail)

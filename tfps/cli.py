@@ -29,6 +29,10 @@ flags.DEFINE_list("ps_hosts", [], "host:port of every ps task (instead of TF_CON
 flags.DEFINE_list("worker_hosts", [], "host:port of every worker task.")
 flags.DEFINE_string("chief_host", None, "host:port of the chief.")
 flags.DEFINE_integer("inter_op_threads", None, "TF inter-op threads of a ps/worker server.")
+flags.DEFINE_float("grace_seconds", 15.0,
+                   "Seconds between SIGTERM and the hard kill (GKE Spot pods ~15, Spot VMs ~30).")
+flags.DEFINE_bool("preemption_notice", True,
+                  "ps/worker: on SIGTERM, warn the chief and wait (within the grace) for its save.")
 flags.DEFINE_float("ready_timeout", 180.0, "Seconds the chief waits for every task to answer.")
 
 # --- what to train (chief) -----------------------------------------------------

@@ -7,6 +7,7 @@ import sys
 from absl import logging
 
 from cluster import spec as spec_lib
+from recovery import control
 from recovery import errors
 from recovery import log_summary
 from recovery import signals
@@ -34,7 +35,8 @@ def run(flags) -> errors.ExitCode:
   try:
     if config.task.job in (spec_lib.JobType.PS, spec_lib.JobType.WORKER):
       code = server.serve(config, stop, server.ServerOptions(
-          inter_op_threads=flags.inter_op_threads))
+          inter_op_threads=flags.inter_op_threads, grace_seconds=flags.grace_seconds,
+          control_address=_control_address(config) if flags.preemption_notice else None))
       stderr_filter.close()
       # A running TF server cannot be destroyed cleanly; leave without
       # running its destructors.
@@ -46,6 +48,12 @@ def run(flags) -> errors.ExitCode:
     return _run_chief(config, flags, stop)
   finally:
     stderr_filter.close()
+
+
+def _control_address(config: spec_lib.TaskConfig) -> str | None:
+  if not config.cluster.addresses(spec_lib.JobType.CHIEF):
+    return None  # No chief listed: nobody to warn.
+  return control.control_address(config.cluster)
 
 
 def _run_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCode:
