@@ -1,0 +1,154 @@
+"""Fault schedules for `tfps chaos`, and the report they add up to (pure).
+
+A fault is written `TARGET@SECONDS:ACTION[+AFTER]`, several comma-separated:
+
+  worker:1@20:kill+5     SIGKILL worker 1 at t=20 s, start it again 5 s later
+  ps:0@40:term+3         SIGTERM (preemption notice) ps 0, back 3 s later
+  chief:0@60:kill+2      SIGKILL the chief, an orchestrator restarts it 2 s later
+  worker:0@30:stop+10    SIGSTOP worker 0 for 10 s, then SIGCONT
+  worker:1@50:kill+never the worker never comes back
+
+Times count from the start of training. `random_schedule` draws a seeded
+schedule at a given rate; whatever the draw, it hits at least one worker, one
+ps and the chief, so the default run exercises every row that matters.
+"""
+
+import dataclasses
+import enum
+import random
+import signal
+import statistics
+from typing import Sequence
+
+from cluster import spec as spec_lib
+from recovery import errors
+
+NEVER = None
+
+
+class FaultAction(str, enum.Enum):
+  KILL = "kill"  # SIGKILL
+  TERM = "term"  # SIGTERM: a preemption with notice
+  STOP = "stop"  # SIGSTOP, then SIGCONT after the delay
+
+  @property
+  def signal(self) -> int:
+    return {FaultAction.KILL: signal.SIGKILL, FaultAction.TERM: signal.SIGTERM,
+            FaultAction.STOP: signal.SIGSTOP}[self]
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Fault:
+  """One injected fault. `back_after` is None when the target never returns."""
+
+  at_seconds: float
+  target: spec_lib.TaskId
+  action: FaultAction
+  back_after: float | None = 5.0
+
+  def __post_init__(self):
+    if self.at_seconds < 0:
+      raise errors.UsageError(f"fault {self}: time ({self.at_seconds}) must be >= 0")
+    if self.back_after is NEVER and self.action == FaultAction.STOP:
+      raise errors.UsageError(f"fault {self}: a stopped task must be continued (+SECONDS)")
+    if self.back_after is NEVER and self.target.job != spec_lib.JobType.WORKER:
+      raise errors.UsageError(
+          f"fault {self}: only a worker may never come back (the job needs its ps and chief)")
+    if self.back_after is not NEVER and self.back_after < 0:
+      raise errors.UsageError(f"fault {self}: delay ({self.back_after}) must be >= 0")
+
+  def __str__(self) -> str:
+    after = "never" if self.back_after is NEVER else f"{self.back_after:g}"
+    return f"{self.target}@{self.at_seconds:g}:{self.action.value}+{after}"
+
+
+def parse_faults(text: str, cluster: spec_lib.ClusterSpec) -> tuple[Fault, ...]:
+  """Parses `--faults`; every target must exist in `cluster`."""
+  faults = []
+  for item in filter(None, (part.strip() for part in text.split(","))):
+    faults.append(_parse_one(item, cluster))
+  if not faults:
+    raise errors.UsageError(f"--faults: no fault in {text!r}")
+  return tuple(sorted(faults))
+
+
+def _parse_one(item: str, cluster: spec_lib.ClusterSpec) -> Fault:
+  usage = "TARGET@SECONDS:ACTION[+SECONDS|+never], e.g. worker:1@20:kill+5"
+  target_text, at, rest = item.partition("@")
+  when, colon, action_text = rest.partition(":")
+  action_name, plus, after = action_text.partition("+")
+  if not at or not colon:
+    raise errors.UsageError(f"--faults: {item!r} must look like {usage}")
+  target = spec_lib.TaskId.parse(target_text)
+  if target.index >= cluster.num_tasks(target.job):
+    raise errors.UsageError(f"--faults: {item!r}: no task {target} in this cluster")
+  try:
+    action = FaultAction(action_name)
+  except ValueError:
+    raise errors.UsageError(
+        f"--faults: {item!r}: action {action_name!r} is not kill, term or stop") from None
+  try:
+    at_seconds = float(when)
+    back_after = (NEVER if after == "never" else float(after)) if plus else 5.0
+  except ValueError:
+    raise errors.UsageError(f"--faults: {item!r} must look like {usage}") from None
+  return Fault(at_seconds, target, action, back_after)
+
+
+def random_schedule(*, seed: int, count: int, duration: float,
+                    cluster: spec_lib.ClusterSpec, never_returns: bool = False,
+                    back_after: float = 5.0) -> tuple[Fault, ...]:
+  """`count` faults spread over `duration` seconds, drawn from `seed`.
+
+  The first three hit a worker, a ps and the chief (in a seeded order);
+  the rest pick any task. Faults are spaced so that each has time to recover
+  before the next. With `never_returns`, one worker fault is permanent.
+  """
+  if count < 3:
+    raise errors.UsageError(f"fault count ({count}) must be >= 3 (a worker, a ps, the chief)")
+  rng = random.Random(seed)
+  tasks = list(cluster.for_coordinator().tasks())
+  jobs = [spec_lib.JobType.WORKER, spec_lib.JobType.PS, spec_lib.JobType.CHIEF]
+  rng.shuffle(jobs)
+  targets = [rng.choice([t for t in tasks if t.job == job]) for job in jobs]
+  targets += [rng.choice(tasks) for _ in range(count - 3)]
+  slot = duration / count
+  faults = []
+  for i, target in enumerate(targets):
+    at = round(slot * i + rng.uniform(0.1, 0.4) * slot, 1)
+    action = rng.choice(list(FaultAction))
+    faults.append(Fault(at, target, action, back_after))
+  if never_returns:
+    i = next(i for i, f in enumerate(faults) if f.target.job == spec_lib.JobType.WORKER)
+    faults[i] = dataclasses.replace(faults[i], action=FaultAction.KILL, back_after=NEVER)
+  return tuple(sorted(faults))
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultOutcome:
+  """What happened to one injected fault."""
+
+  fault: Fault
+  injected_at: float  # Seconds since the start of training.
+  recovered: bool
+  seconds_to_recover: float | None  # From injection to training progressing again.
+
+  def as_dict(self) -> dict:
+    return {"target": str(self.fault.target), "signal": signal.Signals(
+        self.fault.action.signal).name, "action": self.fault.action.value,
+            "back_after": self.fault.back_after, "time": round(self.injected_at, 2),
+            "recovered": self.recovered, "seconds_to_recover": self.seconds_to_recover}
+
+
+def report(outcomes: Sequence[FaultOutcome]) -> dict:
+  """The fault part of `tfps chaos`'s JSON line."""
+  seconds = [o.seconds_to_recover for o in outcomes if o.seconds_to_recover is not None]
+  return {
+      "faults_injected": len(outcomes),
+      "recoveries": sum(1 for o in outcomes if o.recovered),
+      "faults": [o.as_dict() for o in outcomes],
+      "recovery_seconds": {
+          "p50": round(statistics.median(seconds), 2) if seconds else None,
+          "max": round(max(seconds), 2) if seconds else None,
+      },
+  }

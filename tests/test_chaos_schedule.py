@@ -1,0 +1,75 @@
+"""Chaos fault schedules and reports are pure: parsed, drawn and summed here."""
+
+import pytest
+
+from cluster import spec as spec_lib
+from recovery import chaos
+from recovery import errors
+
+CLUSTER = spec_lib.ClusterSpec.from_dict({
+    "chief": ["c:1"], "ps": ["p:1", "p:2"], "worker": ["w:1", "w:2"]})
+Job = spec_lib.JobType
+
+
+def test_parse_explicit_faults_sorted_by_time():
+  faults = chaos.parse_faults(
+      "ps:0@40:term+3, worker:1@20:kill+5,worker:0@30:stop+10,worker:1@50:kill+never,chief:0@60:kill",
+      CLUSTER)
+  assert [str(f) for f in faults] == [
+      "worker:1@20:kill+5", "worker:0@30:stop+10", "ps:0@40:term+3",
+      "worker:1@50:kill+never", "chief:0@60:kill+5"]
+  assert faults[3].back_after is chaos.NEVER
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "no fault"),
+    ("worker:1", "must look like TARGET@SECONDS:ACTION"),
+    ("worker:1@x:kill", "must look like"),
+    ("worker:7@1:kill", "no task worker:7 in this cluster"),
+    ("evaluator:0@1:kill", "no task evaluator:0"),
+    ("worker:1@1:nuke", "action 'nuke' is not kill, term or stop"),
+    ("ps:0@1:kill+never", "only a worker may never come back"),
+    ("worker:0@1:stop+never", "a stopped task must be continued"),
+    ("worker:0@-1:kill", "time (-1.0) must be >= 0"),
+])
+def test_bad_fault_specs_are_usage_errors(text, message):
+  with pytest.raises(errors.UsageError) as raised:
+    chaos.parse_faults(text, CLUSTER)
+  assert message in str(raised.value) and raised.value.exit_code == 2
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_schedule_hits_worker_ps_and_chief(seed):
+  faults = chaos.random_schedule(seed=seed, count=4, duration=120, cluster=CLUSTER)
+  assert {f.target.job for f in faults} >= {Job.WORKER, Job.PS, Job.CHIEF}
+  assert list(faults) == sorted(faults) and all(0 <= f.at_seconds < 120 for f in faults)
+  times = [f.at_seconds for f in faults]
+  assert all(b - a >= 120 / 4 * 0.2 for a, b in zip(times, times[1:]))  # Spaced out.
+
+
+def test_random_schedule_is_reproducible_from_the_seed():
+  draw = lambda seed: chaos.random_schedule(seed=seed, count=6, duration=100, cluster=CLUSTER)
+  assert draw(7) == draw(7)
+  assert any(draw(7) != draw(s) for s in range(8, 12))
+
+
+def test_never_returning_worker():
+  faults = chaos.random_schedule(seed=1, count=3, duration=60, cluster=CLUSTER,
+                                 never_returns=True)
+  permanent = [f for f in faults if f.back_after is chaos.NEVER]
+  assert len(permanent) == 1 and permanent[0].target.job == Job.WORKER
+  assert permanent[0].action == chaos.FaultAction.KILL
+
+
+def test_report():
+  w1 = chaos.parse_faults("worker:1@20:kill+5", CLUSTER)[0]
+  p0 = chaos.parse_faults("ps:0@40:term+3", CLUSTER)[0]
+  c0 = chaos.parse_faults("chief:0@60:kill+2", CLUSTER)[0]
+  out = chaos.report([chaos.FaultOutcome(w1, 20.1, True, 4.0),
+                      chaos.FaultOutcome(p0, 40.0, True, 12.0),
+                      chaos.FaultOutcome(c0, 60.3, False, None)])
+  assert out["faults_injected"] == 3 and out["recoveries"] == 2
+  assert out["recovery_seconds"] == {"p50": 8.0, "max": 12.0}
+  assert out["faults"][1] == {"target": "ps:0", "signal": "SIGTERM", "action": "term",
+                              "back_after": 3.0, "time": 40.0, "recovered": True,
+                              "seconds_to_recover": 12.0}
