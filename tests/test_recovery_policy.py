@@ -77,3 +77,18 @@ def test_event_log_round_trip_and_summary(tmp_path):
 def test_event_kind_is_validated():
   with pytest.raises(ValueError, match="kind \\('oops'\\)"):
     events.Event(kind="oops")
+
+
+def test_progress_log_reads_incrementally_and_skips_a_partial_line(tmp_path):
+  from recovery import progress
+  writer, reader = progress.ProgressLog(str(tmp_path)), progress.ProgressLog(str(tmp_path))
+  assert reader.latest() is None
+  writer.append(100, now=1.0)
+  writer.append(200, now=2.0)
+  assert reader.latest() == progress.Progress(step=200, time=2.0)
+  with open(writer.path, "a") as f:
+    f.write('{"step": 3')  # A writer caught mid-line.
+  assert reader.latest() == progress.Progress(step=200, time=2.0)
+  with open(writer.path, "a") as f:
+    f.write('00, "time": 3.0}\n')
+  assert reader.latest() == progress.Progress(step=300, time=3.0)
