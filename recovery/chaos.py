@@ -22,6 +22,7 @@ from typing import Sequence
 
 from cluster import spec as spec_lib
 from recovery import errors
+from recovery import progress as progress_lib
 
 NEVER = None
 
@@ -132,12 +133,14 @@ class FaultOutcome:
   injected_at: float  # Seconds since the start of training.
   recovered: bool
   seconds_to_recover: float | None  # From injection to training progressing again.
+  steps_lost: int = 0  # Steps between the restored checkpoint and the step at the fault.
 
   def as_dict(self) -> dict:
     return {"target": str(self.fault.target), "signal": signal.Signals(
         self.fault.action.signal).name, "action": self.fault.action.value,
             "back_after": self.fault.back_after, "time": round(self.injected_at, 2),
-            "recovered": self.recovered, "seconds_to_recover": self.seconds_to_recover}
+            "recovered": self.recovered, "seconds_to_recover": self.seconds_to_recover,
+            "steps_lost": self.steps_lost}
 
 
 def report(outcomes: Sequence[FaultOutcome]) -> dict:
@@ -147,8 +150,59 @@ def report(outcomes: Sequence[FaultOutcome]) -> dict:
       "faults_injected": len(outcomes),
       "recoveries": sum(1 for o in outcomes if o.recovered),
       "faults": [o.as_dict() for o in outcomes],
+      "steps_lost": sum(o.steps_lost for o in outcomes),
       "recovery_seconds": {
           "p50": round(statistics.median(seconds), 2) if seconds else None,
           "max": round(max(seconds), 2) if seconds else None,
       },
   }
+
+
+@dataclasses.dataclass
+class _InFlight:
+  fault: Fault
+  injected_wall: float  # Epoch seconds, comparable with progress records.
+  injected_at: float  # Seconds since the start of training.
+  baseline: int  # Training has recovered once a loop ends past this step.
+  step_at_fault: int
+  steps_lost: int = 0
+  seconds_to_recover: float | None = None
+
+
+class RecoveryTracker:
+  """Follows each injected fault through the progress log (pure; no clocks).
+
+  A fault is recovered at the first loop that ends, after the fault, past
+  the baseline step: the step at the fault, or, when a coordinator restarts
+  from a checkpoint after the fault, the restored step (the difference is
+  the steps lost).
+  """
+
+  def __init__(self):
+    self._faults: list[_InFlight] = []
+    self._last_step = 0
+
+  def injected(self, fault: Fault, *, wall_time: float, since_start: float) -> None:
+    self._faults.append(_InFlight(fault, wall_time, since_start, self._last_step,
+                                  self._last_step))
+
+  def observe(self, records: Sequence[progress_lib.Progress]) -> None:
+    for record in records:
+      for f in self._faults:
+        if f.seconds_to_recover is not None or record.time < f.injected_wall:
+          continue
+        if record.restored:
+          f.baseline = record.step
+          f.steps_lost = max(f.steps_lost, f.step_at_fault - record.step)
+        elif record.step > f.baseline:
+          f.seconds_to_recover = round(record.time - f.injected_wall, 2)
+      if not record.restored:
+        self._last_step = record.step
+
+  @property
+  def all_recovered(self) -> bool:
+    return all(f.seconds_to_recover is not None for f in self._faults)
+
+  def outcomes(self) -> list[FaultOutcome]:
+    return [FaultOutcome(f.fault, f.injected_at, f.seconds_to_recover is not None,
+                         f.seconds_to_recover, f.steps_lost) for f in self._faults]

@@ -1,11 +1,14 @@
 """The progress log: the chief's global step over time, for watchers.
 
 The chief appends `{"step": N, "time": T}` to `model_dir/progress.jsonl`
-after every Orbit loop. `tfps chaos` and `tfps bench` read it to tell when
-training is progressing again after a fault, without parsing human logs or
-talking to the cluster. One `write` per line in append mode: readers never
-see half a record from a live writer, only possibly a missing newline at the
-very end, which they skip.
+after every Orbit loop, and `{"step": N, "time": T, "restored": true}` when a
+coordinator starts from a checkpoint at step N. `tfps chaos` and `tfps bench`
+read it to tell when training progresses again after a fault and how many
+steps were lost, without parsing human logs or talking to the cluster.
+
+One `write` per line in append mode: a reader never sees half a record from a
+live writer, except a last line still missing its newline, which it leaves
+for the next read.
 """
 
 import dataclasses
@@ -20,21 +23,24 @@ FILE_NAME = "progress.jsonl"
 class Progress:
   step: int
   time: float  # Seconds since the epoch.
+  restored: bool = False  # A coordinator (re)started from a checkpoint at `step`.
 
 
 class ProgressLog:
   def __init__(self, model_dir: str):
     self.path = os.path.join(model_dir, FILE_NAME)
     self._offset = 0
-    self._latest: Progress | None = None
 
-  def append(self, step: int, now: float | None = None) -> None:
-    line = json.dumps({"step": int(step), "time": time.time() if now is None else now})
+  def append(self, step: int, *, restored: bool = False, now: float | None = None) -> None:
+    record = {"step": int(step), "time": time.time() if now is None else now}
+    if restored:
+      record["restored"] = True
     with open(self.path, "a", encoding="utf-8") as f:
-      f.write(line + "\n")
+      f.write(json.dumps(record) + "\n")
 
-  def latest(self) -> Progress | None:
-    """The newest record; reads only what was appended since the last call."""
+  def read_new(self) -> list[Progress]:
+    """The complete records appended since the last call."""
+    records = []
     try:
       with open(self.path, "rb") as f:
         f.seek(self._offset)
@@ -42,8 +48,7 @@ class ProgressLog:
           if not line.endswith(b"\n"):
             break  # A record still being written; read it next time.
           self._offset += len(line)
-          record = json.loads(line)
-          self._latest = Progress(step=record["step"], time=record["time"])
+          records.append(Progress(**json.loads(line)))
     except FileNotFoundError:
       pass
-    return self._latest
+    return records

@@ -72,4 +72,43 @@ def test_report():
   assert out["recovery_seconds"] == {"p50": 8.0, "max": 12.0}
   assert out["faults"][1] == {"target": "ps:0", "signal": "SIGTERM", "action": "term",
                               "back_after": 3.0, "time": 40.0, "recovered": True,
-                              "seconds_to_recover": 12.0}
+                              "seconds_to_recover": 12.0, "steps_lost": 0}
+
+
+def _record(step, time, restored=False):
+  from recovery import progress
+  return progress.Progress(step, time, restored)
+
+
+def test_tracker_worker_kill_recovers_at_the_next_loop():
+  tracker = chaos.RecoveryTracker()
+  tracker.observe([_record(100, 10.0), _record(200, 11.0)])
+  fault = chaos.parse_faults("worker:1@20:kill+5", CLUSTER)[0]
+  tracker.injected(fault, wall_time=11.5, since_start=20.0)
+  assert not tracker.all_recovered
+  tracker.observe([_record(300, 13.0)])
+  (outcome,) = tracker.outcomes()
+  assert outcome.recovered and outcome.seconds_to_recover == 1.5 and outcome.steps_lost == 0
+
+
+def test_tracker_ps_kill_counts_steps_lost_to_the_restored_checkpoint():
+  tracker = chaos.RecoveryTracker()
+  tracker.observe([_record(200, 10.0), _record(300, 11.0)])
+  fault = chaos.parse_faults("ps:0@20:kill+3", CLUSTER)[0]
+  tracker.injected(fault, wall_time=11.2, since_start=20.0)
+  tracker.observe([_record(250, 12.0)])  # A record from before the loss? Not past 300: wait.
+  assert not tracker.all_recovered
+  tracker.observe([_record(200, 20.0, restored=True)])  # New coordinator from ckpt-200.
+  assert not tracker.all_recovered
+  tracker.observe([_record(300, 24.2)])  # Past the restored step: progressing again.
+  (outcome,) = tracker.outcomes()
+  assert outcome.seconds_to_recover == 13.0 and outcome.steps_lost == 100
+  assert chaos.report([outcome])["steps_lost"] == 100
+
+
+def test_tracker_fault_never_followed_by_progress_is_not_recovered():
+  tracker = chaos.RecoveryTracker()
+  fault = chaos.parse_faults("chief:0@5:kill+2", CLUSTER)[0]
+  tracker.injected(fault, wall_time=5.0, since_start=5.0)
+  tracker.observe([_record(0, 9.0, restored=True)])
+  assert not tracker.all_recovered and not tracker.outcomes()[0].recovered

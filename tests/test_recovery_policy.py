@@ -82,13 +82,14 @@ def test_event_kind_is_validated():
 def test_progress_log_reads_incrementally_and_skips_a_partial_line(tmp_path):
   from recovery import progress
   writer, reader = progress.ProgressLog(str(tmp_path)), progress.ProgressLog(str(tmp_path))
-  assert reader.latest() is None
+  assert reader.read_new() == []
   writer.append(100, now=1.0)
-  writer.append(200, now=2.0)
-  assert reader.latest() == progress.Progress(step=200, time=2.0)
+  writer.append(80, restored=True, now=2.0)
+  assert reader.read_new() == [progress.Progress(100, 1.0),
+                               progress.Progress(80, 2.0, restored=True)]
   with open(writer.path, "a") as f:
     f.write('{"step": 3')  # A writer caught mid-line.
-  assert reader.latest() == progress.Progress(step=200, time=2.0)
+  assert reader.read_new() == []
   with open(writer.path, "a") as f:
     f.write('00, "time": 3.0}\n')
-  assert reader.latest() == progress.Progress(step=300, time=3.0)
+  assert reader.read_new() == [progress.Progress(300, 3.0)]
