@@ -32,7 +32,7 @@ def test_malformed_tf_config_exits_2_with_one_line(tfps):
      "--cluster_spec: cannot read '/nonexistent/spec.json'"),
     (["run", "--task_index=x"], {}, "flag --task_index=x"),
     (["run", "--no_such_flag"], {}, "Unknown command line flag 'no_such_flag'"),
-    (["fly"], {}, "command: expected one of run, local, got 'fly'"),
+    (["fly"], {}, "command: expected one of run, local, chaos, got 'fly'"),
     (["run", "--mode=sideways"], {}, "flag --mode=sideways"),
 ])
 def test_bad_usage(tfps, args, env, expected):
@@ -47,3 +47,14 @@ def test_evaluator_role_is_refused_with_a_reason(tfps):
   result = tfps(["run"], env={"TF_CONFIG": json.dumps(config)})
   assert result.returncode == 2
   assert "evaluator" in one_error_line(result)
+
+
+@pytest.mark.parametrize("faults, expected", [
+    ("worker:9@1:kill", "--faults: 'worker:9@1:kill': no task worker:9 in this cluster"),
+    ("ps:0@1:zap", "action 'zap' is not kill, term or stop"),
+])
+def test_chaos_bad_fault_spec_fails_before_starting_anything(tfps, tmp_path, faults, expected):
+  result = tfps(["chaos", f"--faults={faults}", f"--model_dir={tmp_path}"])
+  assert result.returncode == 2, result.stderr
+  assert expected in result.stderr.splitlines()[-1]
+  assert not (tmp_path / "logs").exists()  # No cluster was started.

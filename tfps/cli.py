@@ -6,6 +6,7 @@ environment (TF_CONFIG) and turns exception types into exit codes.
   tfps run      role from TF_CONFIG, --cluster_spec FILE, or host flags;
                 ps/worker serve until SIGTERM; chief runs the coordinator.
   tfps local    a whole cluster as local processes on a private loopback.
+  tfps chaos    tfps local under a seeded schedule of real faults.
 """
 
 import os
@@ -18,7 +19,7 @@ from absl import logging
 from recovery import errors
 
 FLAGS = flags.FLAGS
-COMMANDS = ("run", "local")
+COMMANDS = ("run", "local", "chaos")
 
 # --- who am I and where is everyone (tfps run) --------------------------------
 flags.DEFINE_string("cluster_spec", None,
@@ -56,6 +57,15 @@ flags.DEFINE_bool("isolate_network", True,
                   "tfps local: run the cluster in a private network namespace (needs root).")
 flags.DEFINE_integer("max_restarts", 3, "tfps local: chief restarts allowed on retryable exits.")
 
+# --- chaos -------------------------------------------------------------------------
+flags.DEFINE_string("faults", None,
+                    "tfps chaos: explicit faults TARGET@SECONDS:ACTION[+SECONDS|+never], "
+                    "comma-separated, e.g. worker:1@20:kill+5,ps:0@40:term+3.")
+flags.DEFINE_integer("fault_count", 3, "tfps chaos: random faults (>= 3: worker, ps, chief).")
+flags.DEFINE_float("chaos_duration", 60.0, "tfps chaos: seconds of training to spread faults over.")
+flags.DEFINE_float("restart_delay", 5.0, "tfps chaos: seconds before a faulted task comes back.")
+flags.DEFINE_bool("worker_never_returns", False, "tfps chaos: one worker fault is permanent.")
+
 
 def _fail(message: str, code: errors.ExitCode) -> None:
   """One line on stderr, then exit with `code`."""
@@ -72,7 +82,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
   if len(rest) != 2 or rest[1] not in COMMANDS:
     got = " ".join(rest[1:]) or "nothing"
     _fail(f"command: expected one of {', '.join(COMMANDS)}, got {got!r} "
-          "(usage: tfps run|local [--flags])", errors.ExitCode.USAGE)
+          "(usage: tfps run|local|chaos [--flags])", errors.ExitCode.USAGE)
   return rest
 
 
@@ -93,9 +103,12 @@ def main(argv: list[str]) -> None:
   if command == "run":
     from tfps import run_command
     code = run_command.run(FLAGS)
-  else:
+  elif command == "local":
     from tfps import local_command
     code = local_command.run(FLAGS)
+  else:
+    from tfps import chaos_command
+    code = chaos_command.run(FLAGS)
   sys.exit(int(code))
 
 

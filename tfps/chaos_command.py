@@ -1,0 +1,158 @@
+"""`tfps chaos`: `tfps local` while a seeded schedule of real faults hits it.
+
+Faults (see `recovery.chaos`) are SIGKILL, SIGTERM and SIGSTOP/SIGCONT of
+workers, ps and the chief, each target brought back after its delay (or
+never, for a worker). Times count from the first progress record, i.e. once
+training runs. A task taken down by a fault is held down (the orchestrator
+does not restart it) until its delay is over.
+
+At the end the run is checked: it reached `--train_steps`, the final
+checkpoint restores, the eval metrics are sane. One JSON line on stdout
+reports faults, recoveries, recovery seconds and steps lost. Exit 0 only if
+every fault was recovered and every check passed; otherwise 1.
+"""
+
+import dataclasses
+import json
+import math
+import signal
+import sys
+import time
+
+from absl import logging
+
+from cluster import local
+from recovery import chaos
+from recovery import errors
+from recovery import progress as progress_lib
+from recovery import signals
+from tfps import local_command
+from tfps import orchestrator
+
+_POLL_SECONDS = 0.25
+
+
+@dataclasses.dataclass
+class _Restore:
+  at: float  # Seconds since the start of training.
+  fault: chaos.Fault
+
+
+def schedule(flags, cluster: local.LocalCluster) -> tuple[chaos.Fault, ...]:
+  if flags.faults:
+    return chaos.parse_faults(flags.faults, cluster.spec)
+  return chaos.random_schedule(
+      seed=flags.seed, count=flags.fault_count, duration=flags.chaos_duration,
+      cluster=cluster.spec, never_returns=flags.worker_never_returns,
+      back_after=flags.restart_delay)
+
+
+def run(flags) -> errors.ExitCode:
+  stop = signals.StopSignals.install()
+  model_dir = local_command.prepare_model_dir(flags)
+  cluster = local.LocalCluster(local_command.cluster_config(flags, model_dir))
+  faults = schedule(flags, cluster)  # Bad --faults fail before anything starts.
+  logging.info("chaos schedule: %s", ", ".join(map(str, faults)))
+  with cluster:
+    chief = cluster.add_chief(local_command.chief_flags(flags, model_dir),
+                              stdout_path=local_command.chief_stdout_path(model_dir),
+                              stderr_to_parent=True)
+    runner = orchestrator.Orchestrator(cluster, chief, stop, max_restarts=flags.max_restarts)
+    tracker = chaos.RecoveryTracker()
+    runner.start()
+    outcome = _inject_until_done(cluster, runner, stop, list(faults), tracker,
+                                 progress_lib.ProgressLog(model_dir))
+  report = chaos.report(tracker.outcomes())
+  result = {"status": "failed", **report, "reason": outcome.reason}
+  if outcome.code == errors.ExitCode.OK:
+    chief_result = local_command.final_result(model_dir, runner)
+    checks = _checks(chief_result, flags.train_steps, model_dir)
+    ok = tracker.all_recovered and all(checks.values())
+    result.update(status="ok" if ok else "failed", checks=checks,
+                  global_step=chief_result.get("global_step"), eval=chief_result.get("eval"),
+                  restarts=chief_result.get("restarts"), model_dir=model_dir)
+  sys.stdout.write(json.dumps(result) + "\n")
+  sys.stdout.flush()
+  if outcome.code != errors.ExitCode.OK and outcome.code.retryable:
+    return outcome.code  # Stopped by a signal: say so, not "failed".
+  return errors.ExitCode.OK if result["status"] == "ok" else errors.ExitCode.PERMANENT
+
+
+def _inject_until_done(cluster, runner, stop, pending, tracker, progress) -> orchestrator.Outcome:
+  restores: list[_Restore] = []
+  started = None  # Monotonic time of the first progress record.
+  while True:
+    outcome = runner.poll()
+    if outcome is not None:
+      return outcome
+    records = progress.read_new()
+    if started is None and records:
+      started = time.monotonic()
+      logging.info("chaos: training is running; fault clock starts")
+    tracker.observe(records)
+    if started is not None:
+      elapsed = time.monotonic() - started
+      while pending and pending[0].at_seconds <= elapsed:
+        fault = pending.pop(0)
+        _inject(cluster, runner, fault)
+        tracker.injected(fault, wall_time=time.time(), since_start=elapsed)
+        if fault.back_after is not chaos.NEVER:
+          restores.append(_Restore(elapsed + fault.back_after, fault))
+      for restore in [r for r in restores if r.at <= elapsed]:
+        restores.remove(restore)
+        _bring_back(cluster, runner, restore.fault)
+    stop.wait(_POLL_SECONDS)
+
+
+def _inject(cluster, runner, fault: chaos.Fault) -> None:
+  handle = cluster.tasks[fault.target]
+  logging.warning("chaos: %s %s (pid %s)", signal.Signals(fault.action.signal).name,
+                  fault.target, handle.pid)
+  if fault.action != chaos.FaultAction.STOP:
+    runner.held.add(fault.target)  # Down until its delay is over.
+  handle.kill(fault.action.signal)
+
+
+def _bring_back(cluster, runner, fault: chaos.Fault) -> None:
+  handle = cluster.tasks[fault.target]
+  if fault.action == chaos.FaultAction.STOP:
+    logging.warning("chaos: SIGCONT %s", fault.target)
+    handle.resume()
+    return
+  if handle.alive:  # SIGTERM: it may still be saving/exiting; let it finish.
+    try:
+      handle.wait(timeout=30)
+    except TimeoutError:
+      handle.kill(signal.SIGKILL)
+      handle.wait(timeout=10)
+  logging.warning("chaos: starting %s again (exited %s)", fault.target, handle.returncode)
+  runner.held.discard(fault.target)
+  handle.start()
+
+
+def _checks(result: dict, train_steps: int, model_dir: str) -> dict[str, bool]:
+  metrics = result.get("eval") or {}
+  loss = metrics.get("loss")
+  auc = metrics.get("auc")
+  return {
+      "reached_train_steps": (result.get("global_step") or 0) >= train_steps,
+      "checkpoint_restores": _checkpoint_restores(model_dir, result.get("global_step")),
+      "eval_sane": (loss is None or math.isfinite(loss)) and (auc is None or 0.5 < auc <= 1.0)
+                   and bool(metrics),
+  }
+
+
+def _checkpoint_restores(model_dir: str, global_step) -> bool:
+  """The latest checkpoint loads and holds the final global step."""
+  import tensorflow as tf  # Only here: the rest of chaos needs no TF.
+  path = tf.train.latest_checkpoint(model_dir)
+  if path is None:
+    return False
+  try:
+    reader = tf.train.load_checkpoint(path)
+  except (tf.errors.OpError, ValueError) as e:
+    logging.error("latest checkpoint %s does not load: %s", path, e)
+    return False
+  steps = [reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+           if name.startswith("global_step")]
+  return bool(steps) and int(steps[0]) == int(global_step)
