@@ -34,6 +34,14 @@ flags.DEFINE_float("grace_seconds", 15.0,
                    "Seconds between SIGTERM and the hard kill (GKE Spot pods ~15, Spot VMs ~30).")
 flags.DEFINE_bool("preemption_notice", True,
                   "ps/worker: on SIGTERM, warn the chief and wait (within the grace) for its save.")
+flags.DEFINE_bool("supervise", True,
+                  "chief: run the coordinator as a child process and restart it after a "
+                  "ps or cluster loss (--nosupervise: run it in this process).")
+flags.DEFINE_integer("max_restarts", 3,
+                     "Coordinator (chief) restarts allowed within --restart_window.")
+flags.DEFINE_float("restart_window", 600.0, "Seconds of the restart budget's window.")
+flags.DEFINE_float("cluster_wait_seconds", 600.0,
+                   "chief: seconds to wait for lost tasks before exiting 170 (retryable).")
 flags.DEFINE_float("ready_timeout", 180.0, "Seconds the chief waits for every task to answer.")
 
 # --- what to train (chief) -----------------------------------------------------
@@ -55,7 +63,6 @@ flags.DEFINE_integer("num_ps", 2, "tfps local: parameter servers.")
 flags.DEFINE_integer("num_workers", 2, "tfps local: workers.")
 flags.DEFINE_bool("isolate_network", True,
                   "tfps local: run the cluster in a private network namespace (needs root).")
-flags.DEFINE_integer("max_restarts", 3, "tfps local: chief restarts allowed on retryable exits.")
 
 # --- chaos -------------------------------------------------------------------------
 flags.DEFINE_string("faults", None,

@@ -2,13 +2,20 @@
 
 import json
 import os
+import subprocess
 import sys
+import tempfile
 
 from absl import logging
 
+from cluster import processes
+from cluster import readiness
 from cluster import spec as spec_lib
 from recovery import control
 from recovery import errors
+from recovery import events
+from recovery import policy
+from recovery import supervisor
 from recovery import log_summary
 from recovery import signals
 
@@ -45,6 +52,8 @@ def run(flags) -> errors.ExitCode:
       raise errors.UsageError(
           "task.type: 'evaluator' side-car evaluation is not supported; "
           "run the chief with --mode=train_and_eval instead")
+    if flags.supervise:
+      return _supervise_chief(config, flags, stop)
     return _run_chief(config, flags, stop)
   finally:
     stderr_filter.close()
@@ -54,6 +63,58 @@ def _control_address(config: spec_lib.TaskConfig) -> str | None:
   if not config.cluster.addresses(spec_lib.JobType.CHIEF):
     return None  # No chief listed: nobody to warn.
   return control.control_address(config.cluster)
+
+
+def _supervise_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCode:
+  """The chief as a supervisor of coordinator processes (recovery.supervisor)."""
+  model_dir = ensure_model_dir(flags.model_dir)
+  servers = [t for t in config.cluster.for_coordinator().tasks()
+             if t.job != spec_lib.JobType.CHIEF]
+  event_log = events.EventLog(model_dir)
+  with tempfile.TemporaryDirectory(prefix="tfps-chief-") as scratch:
+    stdout_path = os.path.join(scratch, "coordinator.stdout")
+
+    def start_coordinator(attempt: int) -> subprocess.Popen:
+      argv = [sys.executable, "-m", "tfps", *sys.argv[1:], "--nosupervise"]
+      logging.info("starting coordinator (attempt %d)", attempt + 1)
+      with open(stdout_path, "w", encoding="utf-8") as out:
+        return processes.spawn(argv, stdout=out)
+
+    def wait_for_cluster(seconds: float) -> None:
+      readiness.wait_until_reachable(config.cluster, seconds, tasks=servers)
+
+    result = supervisor.Supervisor(
+        supervisor.SupervisorConfig(
+            policy=policy.RestartPolicy(max_restarts=flags.max_restarts,
+                                        window_seconds=flags.restart_window),
+            cluster_wait_seconds=flags.cluster_wait_seconds,
+            stop_grace_seconds=flags.grace_seconds),
+        start_coordinator=start_coordinator, wait_for_cluster=wait_for_cluster,
+        event_log=event_log, stop=stop).run()
+    if result.exit_code != errors.ExitCode.OK:
+      return result.exit_code
+    with open(stdout_path, encoding="utf-8") as f:
+      lines = [line for line in f if line.startswith("{")]
+  if not lines:
+    raise errors.PermanentError("the coordinator exited 0 without its JSON result line")
+  summary = json.loads(lines[-1])
+  summary.update(events.summarize(event_log.read()))
+  sys.stdout.write(json.dumps(summary) + "\n")
+  sys.stdout.flush()
+  return errors.ExitCode.OK
+
+
+def ensure_model_dir(model_dir: str | None) -> str:
+  """Creates `model_dir`; a missing or unwritable one is a usage error."""
+  if not model_dir:
+    raise errors.UsageError("--model_dir: required for the chief (checkpoints and events go there)")
+  try:
+    os.makedirs(model_dir, exist_ok=True)
+    with tempfile.TemporaryFile(dir=model_dir):
+      pass
+  except OSError as e:
+    raise errors.UsageError(f"--model_dir: {model_dir!r} is not writable ({e.strerror})") from None
+  return model_dir
 
 
 def _run_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCode:
