@@ -58,3 +58,21 @@ def test_chaos_bad_fault_spec_fails_before_starting_anything(tfps, tmp_path, fau
   assert result.returncode == 2, result.stderr
   assert expected in result.stderr.splitlines()[-1]
   assert not (tmp_path / "logs").exists()  # No cluster was started.
+
+
+def _chief_env():
+  return {"TF_CONFIG": json.dumps({"cluster": CLUSTER, "task": {"type": "chief", "index": 0}})}
+
+
+def test_chief_needs_a_model_dir(tfps):
+  result = tfps(["run"], env=_chief_env())
+  assert result.returncode == 2
+  assert "--model_dir: required for the chief" in one_error_line(result)
+
+
+def test_chief_model_dir_must_be_writable(tfps, tmp_path):
+  blocker = tmp_path / "a_file"
+  blocker.write_text("not a directory")
+  result = tfps(["run", f"--model_dir={blocker}/model"], env=_chief_env())
+  assert result.returncode == 2
+  assert f"--model_dir: '{blocker}/model' is not writable" in one_error_line(result)
