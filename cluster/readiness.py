@@ -36,12 +36,12 @@ class ClusterUnreachableError(errors.RetryableError):
 def is_reachable(address: str, timeout: float) -> bool:
   """True if a gRPC channel to `address` becomes READY within `timeout` s."""
   cluster = spec_lib.ClusterSpec.from_dict({"ps": [address]})
-  return bool(_reachable_now(cluster, [spec_lib.TaskId(spec_lib.JobType.PS, 0)], timeout))
+  return bool(reachable(cluster, [spec_lib.TaskId(spec_lib.JobType.PS, 0)], timeout))
 
 
-def _reachable_now(cluster: spec_lib.ClusterSpec, tasks: list[spec_lib.TaskId],
+def reachable(cluster: spec_lib.ClusterSpec, tasks: list[spec_lib.TaskId],
                    timeout: float) -> set[spec_lib.TaskId]:
-  """Probes `tasks` in parallel; returns those READY within `timeout` s."""
+  """Probes `tasks` in parallel; returns those READY within `timeout` s (one round)."""
   channels = {t: grpc.insecure_channel(cluster.address(t)) for t in tasks}
   try:
     futures = {t: grpc.channel_ready_future(c) for t, c in channels.items()}
@@ -80,7 +80,7 @@ def wait_until_reachable(cluster: spec_lib.ClusterSpec, deadline: float, *,
   def probe_round(retry_state: tenacity.RetryCallState) -> None:
     remaining = deadline - (time.monotonic() - start)
     budget = max(0.05, min(backoff(retry_state), remaining))
-    pending.difference_update(_reachable_now(cluster, sorted(pending), budget))
+    pending.difference_update(reachable(cluster, sorted(pending), budget))
     if pending:
       raise _StillPending()
 

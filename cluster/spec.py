@@ -13,7 +13,7 @@ Nothing here reads the environment: callers pass `TF_CONFIG`'s text in.
 import dataclasses
 import enum
 import json
-from typing import Iterator, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 from recovery import errors
 
@@ -153,6 +153,23 @@ class ClusterSpec:
       raise ClusterSpecError("cluster.chief: the coordinator role needs a chief task")
     return ClusterSpec(jobs=tuple(
         (job, addresses) for job, addresses in self.jobs if job != JobType.EVALUATOR))
+
+
+  def without_workers(self, workers: Iterable[TaskId]) -> "ClusterSpec":
+    """This cluster minus some workers, the rest renumbered from 0.
+
+    ParameterServerStrategy addresses workers as task 0..n-1, so the
+    remaining ones must be dense; a worker's identity is its address.
+    """
+    drop = set(workers)
+    if any(t.job != JobType.WORKER for t in drop):
+      raise ClusterSpecError(f"only workers can be left out, not {sorted(map(str, drop))}")
+    kept = tuple(a for i, a in enumerate(self.addresses(JobType.WORKER))
+                 if TaskId(JobType.WORKER, i) not in drop)
+    if not kept:
+      raise ClusterSpecError("cluster.worker: cannot leave out every worker")
+    return ClusterSpec(jobs=tuple((job, kept if job == JobType.WORKER else addresses)
+                                  for job, addresses in self.jobs))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,6 +15,12 @@ exit code (set by exception *type*, see `errors`), asks the pure
   killed by a signal        CHIEF_LOST            wait for the cluster, restart
   other                     CLUSTER_UNREACHABLE   wait for the cluster, restart
 
+It also watches the workers (`worker_watch`): one unreachable for longer
+than the timeout is left out (the coordinator is asked to save and stop with
+SIGTERM, then restarted on the cluster without it), and taken back the same
+way once it answers again, so no single lost worker can stall training in
+TF's hour-long wait.
+
 A SIGTERM/SIGINT to the supervisor is passed to the coordinator, which saves
 and exits; the supervisor then exits 143/130 without restarting. Waiting for
 the cluster has a deadline; past it the supervisor exits 170 so that the
@@ -34,6 +40,7 @@ from recovery import errors
 from recovery import events as events_lib
 from recovery import policy as policy_lib
 from recovery import signals
+from recovery import worker_watch
 
 Kind = policy_lib.FailureKind
 Action = policy_lib.Action
@@ -63,14 +70,16 @@ class SupervisorConfig:
       past it the supervisor exits 170 (retryable).
     stop_grace_seconds: how long the coordinator gets to save and exit after
       a passed-on SIGTERM before it is killed.
+    probe_seconds: how often the workers are probed for the worker watch.
   """
 
   policy: policy_lib.RestartPolicy = policy_lib.RestartPolicy()
   cluster_wait_seconds: float = 600.0
   stop_grace_seconds: float = 60.0
+  probe_seconds: float = 2.0
 
   def __post_init__(self):
-    for field in ("cluster_wait_seconds", "stop_grace_seconds"):
+    for field in ("cluster_wait_seconds", "stop_grace_seconds", "probe_seconds"):
       if getattr(self, field) <= 0:
         raise errors.UsageError(f"{field} ({getattr(self, field)}) must be positive")
 
@@ -86,41 +95,58 @@ class Supervisor:
   """Carries out the policy's decisions for one chief (see module docstring)."""
 
   def __init__(self, config: SupervisorConfig, *,
-               start_coordinator: Callable[[int], subprocess.Popen],
+               start_coordinator: Callable[[int, frozenset], subprocess.Popen],
                wait_for_cluster: Callable[[float], None],
                event_log: events_lib.EventLog,
                stop: signals.StopSignals,
+               watch: worker_watch.WorkerWatch | None = None,
+               probe_workers: Callable[[], set] | None = None,
                clock: Callable[[], float] = time.monotonic):
     """Args:
-      start_coordinator: starts the coordinator process; gets the attempt number.
+      start_coordinator: starts the coordinator process, given the attempt
+        number and the workers to leave out of its cluster.
       wait_for_cluster: blocks until every ps/worker answers, or raises a
         `RetryableError` after the given number of seconds.
       event_log: where failures, actions and recoveries are recorded.
       stop: the supervisor's own stop signals, passed on to the coordinator.
+      watch, probe_workers: optional; every `probe_seconds` the reachable
+        workers (`probe_workers()`) go to `watch`, which says when to leave a
+        worker out and when to take it back.
     """
     self._config = config
     self._start = start_coordinator
     self._wait_for_cluster = wait_for_cluster
     self._events = event_log
     self._stop = stop
+    self._watch = watch
+    self._probe_workers = probe_workers
     self._clock = clock
+    self.excluded: set = set()
 
   def run(self) -> SupervisorResult:
     restart_times: list[float] = []
     attempt = 0
     while True:
-      process = self._start(attempt)
-      code = self._wait(process)
+      process = self._start(attempt, frozenset(self.excluded))
+      code, change = self._wait(process, restart_times)
       if self._stop.requested:
         reason = f"stopped by {signal.Signals(self._stop.signum).name}"
         return SupervisorResult(errors.exit_code_for_signal(self._stop.signum),
                                 len(restart_times), reason)
+      attempt += 1
+      if change is not None:
+        # We stopped it (it saved) to change its cluster: not a failure.
+        self._events.append(events_lib.Event(
+            kind="recovered", task=str(change[1]), detail=
+            f"coordinator restarting {'without' if change[0] == worker_watch.Change.GONE else 'with'}"
+            f" {change[1]}; workers left out: {sorted(map(str, self.excluded)) or 'none'}"))
+        continue
       kind = classify_exit(code)
       if kind is None:
         return SupervisorResult(errors.ExitCode.OK, len(restart_times), "finished")
       now = self._clock()
       decision = self._config.policy.decide(kind, restart_times, now)
-      self._record(kind, decision, code)
+      self._record("chief:0", kind, decision, f"coordinator exited with code {code}")
       if decision.action == Action.GIVE_UP:
         logging.error("coordinator exited with code %d (%s); giving up: %s",
                       code, kind.value, decision.reason)
@@ -136,37 +162,65 @@ class Supervisor:
                                              action=Action.GIVE_UP.value, detail=str(e)))
         return SupervisorResult(errors.ExitCode.CLUSTER_LOST, len(restart_times), str(e))
       restart_times.append(now)
-      attempt += 1
       self._events.append(events_lib.Event(
           kind="recovered", task="chief:0", failure=kind.value,
           seconds_to_recover=round(self._clock() - now, 3),
-          detail=f"cluster reachable; starting coordinator attempt {attempt}"))
+          detail=f"cluster reachable; starting coordinator attempt {attempt + 1}"))
 
-  def _wait(self, process: subprocess.Popen) -> int:
-    """Waits for the coordinator to exit, passing on a stop signal once."""
-    passed_on = False
-    deadline = None
+  def _wait(self, process: subprocess.Popen, restart_times: list[float]):
+    """Waits for the coordinator to exit; returns (exit code, cluster change).
+
+    Passes a stop signal on once. When the worker watch asks for a change of
+    cluster, asks the coordinator to save and stop (SIGTERM) and returns the
+    change once it has exited.
+    """
+    stop_deadline = None
+    change = None
+    next_probe = self._clock() + self._config.probe_seconds
     while True:
       try:
-        return process.wait(timeout=_POLL_SECONDS)
+        return process.wait(timeout=_POLL_SECONDS), change
       except subprocess.TimeoutExpired:
         pass
-      if self._stop.requested and not passed_on:
+      now = self._clock()
+      if stop_deadline is None and self._stop.requested:
         logging.warning("passing %s to the coordinator (pid %d); it saves, then exits",
                         signal.Signals(self._stop.signum).name, process.pid)
         process.send_signal(self._stop.signum)
-        passed_on = True
-        deadline = self._clock() + self._config.stop_grace_seconds
-      if deadline is not None and self._clock() > deadline:
-        logging.error("coordinator did not exit %.0fs after the stop signal; killing it",
+        stop_deadline = now + self._config.stop_grace_seconds
+      if stop_deadline is None and self._watch is not None and now >= next_probe:
+        next_probe = now + self._config.probe_seconds
+        change = self._watched_change(now, restart_times)
+        if change is not None:
+          process.send_signal(signal.SIGTERM)  # Save, then exit: we restart it.
+          stop_deadline = now + self._config.stop_grace_seconds
+      if stop_deadline is not None and now > stop_deadline:
+        logging.error("coordinator did not exit %.0fs after SIGTERM; killing it",
                       self._config.stop_grace_seconds)
         process.kill()
-        return process.wait(timeout=10)
+        return process.wait(timeout=10), change
 
-  def _record(self, kind: Kind, decision: policy_lib.Decision, code: int) -> None:
+  def _watched_change(self, now: float, restart_times: list[float]):
+    """The first cluster change the worker watch asks for, applied to `excluded`."""
+    for what, worker in self._watch.update(self._probe_workers(), self.excluded, now):
+      if what == worker_watch.Change.BACK:
+        logging.warning("%s answers again: restarting the coordinator with it", worker)
+        self.excluded.discard(worker)
+        return what, worker
+      decision = self._config.policy.decide(Kind.WORKER_GONE, restart_times, now)
+      self._record(str(worker), Kind.WORKER_GONE, decision,
+                   f"{worker} unreachable for {self._watch.timeout:.0f}s")
+      if decision.action == Action.RESTART_WITHOUT_TASK:
+        logging.warning("%s unreachable for %.0fs: saving and restarting the coordinator "
+                        "without it", worker, self._watch.timeout)
+        restart_times.append(now)
+        self.excluded.add(worker)
+        return what, worker
+    return None
+
+  def _record(self, task: str, kind: Kind, decision: policy_lib.Decision, detail: str) -> None:
+    self._events.append(events_lib.Event(kind="failure", task=task, failure=kind.value,
+                                         detail=detail))
     self._events.append(events_lib.Event(
-        kind="failure", task="chief:0", failure=kind.value,
-        detail=f"coordinator exited with code {code}"))
-    self._events.append(events_lib.Event(
-        kind="action", task="chief:0", failure=kind.value, action=decision.action.value,
+        kind="action", task=task, failure=kind.value, action=decision.action.value,
         detail=decision.reason))

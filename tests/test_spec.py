@@ -152,3 +152,14 @@ def test_exit_codes_follow_the_design():
   assert errors.ExitCode.CLUSTER_LOST.retryable
   assert not errors.ExitCode.PERMANENT.retryable and not errors.ExitCode.USAGE.retryable
   assert errors.Preempted(2).exit_code == errors.ExitCode.INTERRUPTED == 130
+
+
+def test_without_workers_renumbers_the_rest():
+  cluster = spec_lib.ClusterSpec.from_dict(dict(CLUSTER, worker=["w0:1", "w1:1", "w2:1"]))
+  reduced = cluster.without_workers([TaskId(JobType.WORKER, 1)])
+  assert reduced.as_dict()["worker"] == ["w0:1", "w2:1"]
+  assert reduced.as_dict()["ps"] == CLUSTER["ps"]
+  with pytest.raises(spec_lib.ClusterSpecError, match="cannot leave out every worker"):
+    cluster.without_workers([TaskId(JobType.WORKER, i) for i in range(3)])
+  with pytest.raises(spec_lib.ClusterSpecError, match="only workers"):
+    cluster.without_workers([TaskId(JobType.PS, 0)])

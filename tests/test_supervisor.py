@@ -42,7 +42,7 @@ class Harness:
     self.started = []
     self.cluster_waits = 0
 
-  def start(self, attempt):
+  def start(self, attempt, excluded=frozenset()):
     assert attempt == len(self.started)
     process = subprocess.Popen([sys.executable, "-c", CHILD, str(self.plan[attempt])],
                                stdout=subprocess.PIPE, text=True)
@@ -121,3 +121,36 @@ def test_sigterm_is_passed_on_and_not_restarted(tmp_path):
   assert result.exit_code == errors.ExitCode.PREEMPTED
   assert harness.started[0].returncode == 143
   assert len(harness.started) == 1 and log == []
+
+
+def test_worker_gone_then_back_restarts_the_coordinator_without_then_with_it(tmp_path):
+  from cluster import spec as spec_lib
+  from recovery import worker_watch
+  w0, w1 = (spec_lib.TaskId(spec_lib.JobType.WORKER, i) for i in range(2))
+  harness = Harness(["wait", "wait", 0])
+  exclusions = []
+  up = {w0}  # worker:1 is down until the coordinator has been restarted without it.
+
+  def start(attempt, excluded):
+    exclusions.append(set(excluded))
+    if attempt == 1:
+      up.add(w1)  # ...then it returns.
+    return harness.start(attempt)
+
+  ticks = iter(range(10_000))
+  log = events.EventLog(str(tmp_path))
+  sup = supervisor.Supervisor(
+      supervisor.SupervisorConfig(probe_seconds=1.0),
+      start_coordinator=start, wait_for_cluster=harness.wait_for_cluster,
+      event_log=log, stop=signals.StopSignals(),
+      watch=worker_watch.WorkerWatch([w0, w1], worker_watch.WorkerWatchConfig(
+          timeout=3.0, readmit_after=2.0)),
+      probe_workers=lambda: set(up), clock=lambda: float(next(ticks)))
+  result = sup.run()
+  assert result.exit_code == errors.ExitCode.OK
+  assert exclusions == [set(), {w1}, set()]
+  assert [p.returncode for p in harness.started] == [143, 143, 0]  # Asked to save and stop.
+  gone = [e for e in log.read() if e.failure == Kind.WORKER_GONE.value]
+  assert [(e.kind, e.task) for e in gone] == [("failure", "worker:1"), ("action", "worker:1")]
+  assert gone[1].action == policy.Action.RESTART_WITHOUT_TASK.value
+  assert harness.cluster_waits == 0

@@ -42,6 +42,11 @@ flags.DEFINE_integer("max_restarts", 3,
 flags.DEFINE_float("restart_window", 600.0, "Seconds of the restart budget's window.")
 flags.DEFINE_float("cluster_wait_seconds", 600.0,
                    "chief: seconds to wait for lost tasks before exiting 170 (retryable).")
+flags.DEFINE_float("worker_timeout", 60.0,
+                   "chief: seconds a worker may be unreachable before training goes on "
+                   "without it (it is taken back when it answers again).")
+flags.DEFINE_list("exclude_workers", [],
+                  "chief, internal: workers the supervisor left out (e.g. worker:1).")
 flags.DEFINE_float("ready_timeout", 180.0, "Seconds the chief waits for every task to answer.")
 
 # --- what to train (chief) -----------------------------------------------------

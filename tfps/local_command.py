@@ -27,7 +27,7 @@ _POLL_SECONDS = 0.5
 CHIEF_FLAGS = ("experiment", "train_steps", "steps_per_loop", "steps_per_closure",
                "checkpoint_interval", "max_to_keep", "mode", "eval_steps",
                "global_batch_size", "seed", "ready_timeout", "max_restarts", "restart_window",
-               "cluster_wait_seconds", "grace_seconds")
+               "cluster_wait_seconds", "grace_seconds", "worker_timeout")
 
 
 def chief_flags(flags, model_dir: str) -> list[str]:

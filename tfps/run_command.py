@@ -16,6 +16,10 @@ from recovery import errors
 from recovery import events
 from recovery import policy
 from recovery import supervisor
+from recovery import worker_watch
+
+# One round of probing the workers for the worker watch.
+_PROBE_SECONDS = 1.0
 from recovery import log_summary
 from recovery import signals
 
@@ -74,23 +78,33 @@ def _supervise_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCod
   with tempfile.TemporaryDirectory(prefix="tfps-chief-") as scratch:
     stdout_path = os.path.join(scratch, "coordinator.stdout")
 
-    def start_coordinator(attempt: int) -> subprocess.Popen:
-      argv = [sys.executable, "-m", "tfps", *sys.argv[1:], "--nosupervise"]
-      logging.info("starting coordinator (attempt %d)", attempt + 1)
+    def start_coordinator(attempt: int, excluded: frozenset) -> subprocess.Popen:
+      argv = [sys.executable, "-m", "tfps", *sys.argv[1:], "--nosupervise",
+              f"--exclude_workers={','.join(sorted(map(str, excluded)))}"]
+      logging.info("starting coordinator (attempt %d)%s", attempt + 1,
+                   f" without {', '.join(sorted(map(str, excluded)))}" if excluded else "")
       with open(stdout_path, "w", encoding="utf-8") as out:
         return processes.spawn(argv, stdout=out)
 
     def wait_for_cluster(seconds: float) -> None:
-      readiness.wait_until_reachable(config.cluster, seconds, tasks=servers)
+      # Left-out workers are not waited for: the watch takes them back.
+      readiness.wait_until_reachable(config.cluster, seconds, tasks=[
+          t for t in servers if t not in sup.excluded])
 
-    result = supervisor.Supervisor(
+    workers = [t for t in servers if t.job == spec_lib.JobType.WORKER]
+
+    sup = supervisor.Supervisor(
         supervisor.SupervisorConfig(
             policy=policy.RestartPolicy(max_restarts=flags.max_restarts,
                                         window_seconds=flags.restart_window),
             cluster_wait_seconds=flags.cluster_wait_seconds,
             stop_grace_seconds=flags.grace_seconds),
         start_coordinator=start_coordinator, wait_for_cluster=wait_for_cluster,
-        event_log=event_log, stop=stop).run()
+        event_log=event_log, stop=stop,
+        watch=worker_watch.WorkerWatch(workers, worker_watch.WorkerWatchConfig(
+            timeout=flags.worker_timeout)),
+        probe_workers=lambda: readiness.reachable(config.cluster, workers, _PROBE_SECONDS))
+    result = sup.run()
     if result.exit_code != errors.ExitCode.OK:
       return result.exit_code
     with open(stdout_path, encoding="utf-8") as f:
@@ -121,7 +135,8 @@ def _run_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCode:
   from coordinator import chief
 
   chief_config = chief.ChiefConfig(
-      cluster=config.cluster.for_coordinator(),
+      cluster=config.cluster.for_coordinator().without_workers(
+          spec_lib.TaskId.parse(name) for name in flags.exclude_workers),
       experiment=flags.experiment,
       model_dir=flags.model_dir,
       train_steps=flags.train_steps,

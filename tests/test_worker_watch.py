@@ -1,0 +1,51 @@
+"""WorkerWatch is pure: step it one observation at a time."""
+
+import pytest
+
+from cluster import spec as spec_lib
+from recovery import worker_watch
+
+W = [spec_lib.TaskId(spec_lib.JobType.WORKER, i) for i in range(3)]
+GONE, BACK = worker_watch.Change.GONE, worker_watch.Change.BACK
+
+
+def watch(timeout=10.0, readmit_after=3.0):
+  return worker_watch.WorkerWatch(W, worker_watch.WorkerWatchConfig(
+      timeout=timeout, readmit_after=readmit_after))
+
+
+def test_a_worker_that_returns_before_the_timeout_is_left_to_tf():
+  w = watch()
+  assert w.update(set(W), set(), now=0) == []
+  assert w.update({W[0], W[2]}, set(), now=1) == []
+  assert w.update({W[0], W[2]}, set(), now=10.9) == []
+  assert w.update(set(W), set(), now=11) == []  # Back in time: TF re-admits it.
+  assert w.update(set(W), set(), now=30) == []
+
+
+def test_gone_after_the_timeout_then_back_after_being_stable():
+  w = watch()
+  w.update(set(W), set(), now=0)
+  w.update({W[0], W[2]}, set(), now=1)
+  assert w.update({W[0], W[2]}, set(), now=11) == [(GONE, W[1])]
+  excluded = {W[1]}
+  assert w.update({W[0], W[2]}, excluded, now=50) == []  # Still away: nothing.
+  assert w.update(set(W), excluded, now=60) == []  # Answers, not yet stable.
+  assert w.update({W[0], W[2]}, excluded, now=61) == []  # Flapped: the clock restarts.
+  assert w.update(set(W), excluded, now=62) == []
+  assert w.update(set(W), excluded, now=65) == [(BACK, W[1])]
+
+
+def test_the_last_worker_is_never_excluded():
+  w = watch()
+  w.update(set(), set(), now=0)
+  changes = w.update(set(), set(), now=20)
+  assert len(changes) == 2 and all(c == GONE for c, _ in changes)
+  assert w.update(set(), {W[0], W[1]}, now=40) == []
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(timeout=0), r"timeout \(0\)"), (dict(readmit_after=-1), r"readmit_after \(-1\)")])
+def test_config_validation(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    worker_watch.WorkerWatchConfig(**kwargs)
