@@ -7,6 +7,7 @@ environment (TF_CONFIG) and turns exception types into exit codes.
                 ps/worker serve until SIGTERM; chief runs the coordinator.
   tfps local    a whole cluster as local processes on a private loopback.
   tfps chaos    tfps local under a seeded schedule of real faults.
+  tfps k8s      Kubernetes manifests (Kubeflow TFJob) running tfps run everywhere.
 """
 
 import os
@@ -19,7 +20,7 @@ from absl import logging
 from recovery import errors
 
 FLAGS = flags.FLAGS
-COMMANDS = ("run", "local", "chaos")
+COMMANDS = ("run", "local", "chaos", "k8s")
 
 # --- who am I and where is everyone (tfps run) --------------------------------
 flags.DEFINE_string("cluster_spec", None,
@@ -78,6 +79,12 @@ flags.DEFINE_float("chaos_duration", 60.0, "tfps chaos: seconds of training to s
 flags.DEFINE_float("restart_delay", 5.0, "tfps chaos: seconds before a faulted task comes back.")
 flags.DEFINE_bool("worker_never_returns", False, "tfps chaos: one worker fault is permanent.")
 
+# --- kubernetes ----------------------------------------------------------------------
+flags.DEFINE_string("job", "tfps", "tfps k8s: the TFJob's name.")
+flags.DEFINE_string("image", None, "tfps k8s: container image with tfps installed.")
+flags.DEFINE_string("volume_claim", "tfps-model",
+                    "tfps k8s: ReadWriteMany claim mounted at /model ('' for a bucket model_dir).")
+
 
 def _fail(message: str, code: errors.ExitCode) -> None:
   """One line on stderr, then exit with `code`."""
@@ -94,7 +101,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
   if len(rest) != 2 or rest[1] not in COMMANDS:
     got = " ".join(rest[1:]) or "nothing"
     _fail(f"command: expected one of {', '.join(COMMANDS)}, got {got!r} "
-          "(usage: tfps run|local|chaos [--flags])", errors.ExitCode.USAGE)
+          "(usage: tfps run|local|chaos|k8s [--flags])", errors.ExitCode.USAGE)
   return rest
 
 
@@ -118,9 +125,12 @@ def main(argv: list[str]) -> None:
   elif command == "local":
     from tfps import local_command
     code = local_command.run(FLAGS)
-  else:
+  elif command == "chaos":
     from tfps import chaos_command
     code = chaos_command.run(FLAGS)
+  else:
+    from tfps import k8s_command
+    code = k8s_command.run(FLAGS)
   sys.exit(int(code))
 
 
