@@ -28,6 +28,7 @@ from typing import Sequence
 import portpicker
 from absl import logging
 
+from cluster import hosts as hosts_lib
 from cluster import netns
 from cluster import processes
 from cluster import readiness
@@ -35,6 +36,8 @@ from cluster import spec as spec_lib
 from recovery import errors
 
 JobType = spec_lib.JobType
+# On virtual hosts every task listens on the same port, as on separate VMs.
+_NETNS_PORT = 2222
 TaskId = spec_lib.TaskId
 
 
@@ -47,6 +50,8 @@ class LocalClusterConfig:
     num_workers: workers (>= 1).
     work_dir: where the spec file and per-task logs go; default a temp dir.
     isolate_network: run in a private network namespace when possible.
+    hosts: "loopback" (every task on one private loopback) or "netns" (every
+      task on its own virtual host with its own address, see `hosts`).
     ready_timeout: seconds to wait for every task to answer after a start.
     task_flags: extra flags for every ps/worker `tfps run`.
   """
@@ -55,6 +60,7 @@ class LocalClusterConfig:
   num_workers: int = 2
   work_dir: str | None = None
   isolate_network: bool = True
+  hosts: str = "loopback"
   ready_timeout: float = 90.0
   task_flags: tuple[str, ...] = ()
 
@@ -63,6 +69,10 @@ class LocalClusterConfig:
       value = getattr(self, field)
       if not isinstance(value, int) or value < 1:
         raise errors.UsageError(f"{field} ({value!r}) must be a positive integer")
+    if self.hosts not in ("loopback", "netns"):
+      raise errors.UsageError(f"hosts ({self.hosts!r}) must be loopback or netns")
+    if self.hosts == "netns" and (reason := hosts_lib.unavailable()) is not None:
+      raise errors.UsageError(f"hosts (netns): {reason}")
     if self.ready_timeout <= 0:
       raise errors.UsageError(f"ready_timeout ({self.ready_timeout}) must be positive")
 
@@ -109,7 +119,7 @@ class TaskHandle:
       log.write(f"--- start #{self.starts + 1} of {self.task}: {' '.join(self._argv)}\n")
       log.flush()
       self._process = self._cluster.spawn(
-          self._argv, stdout=out if out is not None else log,
+          self._argv, task=self.task, stdout=out if out is not None else log,
           stderr=None if self._stderr_to_parent else log)
     self.starts += 1
 
@@ -157,9 +167,17 @@ class LocalCluster:
     self.work_dir = config.work_dir or self._temp_dir.name
     self.log_dir = os.path.join(self.work_dir, "logs")
     self.network: netns.PrivateNetwork | None = None
-    self.spec = spec_lib.ClusterSpec.from_dict({
-        "chief": [_chief_address()], "ps": _addresses(config.num_ps),
-        "worker": _addresses(config.num_workers)})
+    self.virtual_hosts: hosts_lib.VirtualHosts | None = None
+    if config.hosts == "netns":
+      # Like separate VMs: every task on its own host, all on the same port.
+      ips = iter(hosts_lib.VirtualHosts.ips(1 + config.num_ps + config.num_workers))
+      take = lambda n: [f"{next(ips)}:{_NETNS_PORT}" for _ in range(n)]
+      jobs = {"chief": take(1), "ps": take(config.num_ps), "worker": take(config.num_workers)}
+    else:
+      jobs = {"chief": [_chief_address()], "ps": _addresses(config.num_ps),
+              "worker": _addresses(config.num_workers)}
+    self.spec = spec_lib.ClusterSpec.from_dict(jobs)
+    self._host_of = {task: i for i, task in enumerate(self.spec.tasks())}
     self.spec_file = os.path.join(self.work_dir, "cluster.json")
     self.tasks: dict[TaskId, TaskHandle] = {}
     self._closed = False
@@ -171,7 +189,9 @@ class LocalCluster:
     with open(self.spec_file, "w", encoding="utf-8") as f:
       json.dump({"cluster": self.spec.as_dict()}, f)
     atexit.register(self.close)
-    if self.config.isolate_network:
+    if self.config.hosts == "netns":
+      self.virtual_hosts = hosts_lib.VirtualHosts(len(self._host_of))
+    elif self.config.isolate_network:
       self.network = netns.PrivateNetwork.create()
     try:
       for task in self.spec.tasks():
@@ -205,6 +225,8 @@ class LocalCluster:
       handle.stop(grace=3.0)
     if self.network is not None:
       self.network.close()
+    if self.virtual_hosts is not None:
+      self.virtual_hosts.close()
     if self._temp_dir is not None:
       self._temp_dir.cleanup()
 
@@ -212,7 +234,26 @@ class LocalCluster:
 
   @property
   def isolated(self) -> bool:
-    return self.network is not None
+    return self.network is not None or self.virtual_hosts is not None
+
+  def _netns_fd(self, task: TaskId | None) -> int | None:
+    """The network a process of `task` runs in (None: the host's own)."""
+    if self.virtual_hosts is not None:
+      # Helpers (probes, tools) run on the chief's host, like a login shell.
+      return self.virtual_hosts.fd(self._host_of[task or TaskId(JobType.CHIEF, 0)])
+    return self.network.fd if self.network is not None else None
+
+  def partition(self, task: TaskId) -> None:
+    """Cuts `task`'s host off the network (netns hosts only)."""
+    self._require_hosts("partition").partition(self._host_of[task])
+
+  def heal(self, task: TaskId) -> None:
+    self._require_hosts("heal").heal(self._host_of[task])
+
+  def _require_hosts(self, what: str) -> hosts_lib.VirtualHosts:
+    if self.virtual_hosts is None:
+      raise RuntimeError(f"{what} needs hosts='netns'")
+    return self.virtual_hosts
 
   def task_argv(self, task: TaskId, extra_flags: Sequence[str] = ()) -> list[str]:
     """The `tfps run` command line of `task` (what a user would run)."""
@@ -234,11 +275,12 @@ class LocalCluster:
     self.tasks[chief] = handle
     return handle
 
-  def spawn(self, argv: Sequence[str], **kwargs) -> subprocess.Popen:
-    """Starts any process inside the cluster's network (tied to our life)."""
+  def spawn(self, argv: Sequence[str], *, task: TaskId | None = None,
+            **kwargs) -> subprocess.Popen:
+    """Starts a process in the cluster's network (on `task`'s host), tied to our life."""
     if self._closed:
       raise RuntimeError("the local cluster is closed")
-    return processes.spawn(argv, netns_fd=self.network.fd if self.network else None, **kwargs)
+    return processes.spawn(argv, netns_fd=self._netns_fd(task), **kwargs)
 
   def wait_ready(self, tasks: Sequence[TaskId] | None = None,
                  timeout: float | None = None) -> None:
@@ -255,7 +297,7 @@ class LocalCluster:
       if not self.tasks[task].alive:
         raise RuntimeError(f"{task} is not running (exit code "
                            f"{self.tasks[task].returncode}); see {self.tasks[task].log_path}")
-    if self.network is None:
+    if not self.isolated:
       readiness.wait_until_reachable(self.spec, timeout, tasks=tasks)
       return
     probe = self.spawn([sys.executable, "-m", "cluster.probe", self.spec_file, str(timeout),
@@ -273,11 +315,22 @@ class LocalCluster:
         raise RuntimeError(f"readiness probe failed: {err.decode().strip()}") from None
       raise readiness.ClusterUnreachableError(unreachable, timeout, self.spec)
 
-  def listening_ports(self) -> set[int]:
-    """TCP ports listening in the cluster's network (host network if not isolated)."""
-    argv = ["ss", "-ltnH"]
-    out = self.network.run(argv) if self.network else subprocess.run(
-        argv, check=True, capture_output=True, text=True, timeout=10).stdout
+  def run_tool(self, argv: Sequence[str], *, task: TaskId | None = None,
+               timeout: float = 10.0) -> str:
+    """Runs a short command in the cluster's network (on `task`'s host); its stdout."""
+    process = self.spawn(argv, task=task, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+      out, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      processes.stop_group(process, grace=0)
+      raise TimeoutError(f"{argv[0]} ran over {timeout:.0f}s") from None
+    if process.returncode != 0:
+      raise OSError(f"{' '.join(argv)} exited {process.returncode}: {out.decode().strip()}")
+    return out.decode()
+
+  def listening_ports(self, task: TaskId | None = None) -> set[int]:
+    """TCP ports listening in the cluster's network (on `task`'s host)."""
+    out = self.run_tool(["ss", "-ltnH"], task=task)
     return {int(line.split()[3].rpartition(":")[2]) for line in out.splitlines() if line.strip()}
 
 

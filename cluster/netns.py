@@ -22,7 +22,6 @@ import os
 import select
 import shutil
 import subprocess
-from typing import Sequence
 
 from absl import logging
 
@@ -59,19 +58,6 @@ class PrivateNetwork:
         "cluster's TF servers listen on ALL interfaces, unauthenticated, for as "
         "long as it runs. Run as root on Linux to isolate them.", reason)
     return None
-
-  def run(self, argv: Sequence[str], timeout: float = 10.0) -> str:
-    """Runs `argv` inside this network and returns its stdout."""
-    process = processes.spawn(argv, netns_fd=self.fd, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT)
-    try:
-      out, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-      processes.stop_group(process, grace=0)
-      raise TimeoutError(f"{argv[0]} in the private network ran over {timeout:.0f}s") from None
-    if process.returncode != 0:
-      raise OSError(f"{' '.join(argv)} exited {process.returncode}: {out.decode().strip()}")
-    return out.decode()
 
   def close(self) -> None:
     if self._fd is not None:

@@ -54,8 +54,15 @@ def test_every_task_serves_at_its_spec_address(cluster):
   for task, handle in cluster.tasks.items():
     assert handle.alive, task
     assert _port(cluster.spec.address(task)) in ports
-  with open(cluster.worker(1).log_path) as f:
-    assert "serving worker:1 at " + cluster.spec.address(cluster.worker(1).task) in f.read()
+  # The line follows the server start by a moment, so wait for it (bounded).
+  expected = "serving worker:1 at " + cluster.spec.address(cluster.worker(1).task)
+  processes.wait_until(lambda: expected in _read(cluster.worker(1).log_path), timeout=10,
+                       what=f"{expected!r} in the worker's log")
+
+
+def _read(path: str) -> str:
+  with open(path) as f:
+    return f.read()
 
 
 def test_sigkilled_worker_restarts_at_the_same_address(cluster):
@@ -75,8 +82,7 @@ def test_sigterm_gives_the_documented_exit_code(cluster):
   worker = cluster.worker(1)
   worker.kill(signal.SIGTERM)
   assert worker.wait(timeout=15) == errors.ExitCode.PREEMPTED == 143
-  with open(worker.log_path) as f:
-    assert "worker:1 stopping on SIGTERM: exit code 143" in f.read()
+  assert "worker:1 stopping on SIGTERM: exit code 143" in _read(worker.log_path)
   worker.restart(timeout=60)
 
 
@@ -98,7 +104,7 @@ def test_servers_are_reachable_only_inside_the_private_network(cluster):
     pytest.skip("no private network namespace here (needs root and iproute2)")
   ports = {_port(cluster.spec.address(t)) for t in cluster.tasks}
   # TF binds every interface, but the only interface in the namespace is lo.
-  links = cluster.network.run(["ip", "-o", "link", "show"]).splitlines()
+  links = cluster.run_tool(["ip", "-o", "link", "show"]).splitlines()
   assert [line.split(":")[1].strip() for line in links] == ["lo"]
   assert ports <= cluster.listening_ports()
   assert not ports & _host_listening_ports()
@@ -149,3 +155,39 @@ def test_tasks_die_when_the_parent_is_sigkilled():
   finally:
     parent.kill()
     parent.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def hosts_cluster(tmp_path_factory):
+  from cluster import hosts
+  if (reason := hosts.unavailable()) is not None:
+    pytest.skip(reason)
+  config = local.LocalClusterConfig(num_ps=1, num_workers=2, hosts="netns",
+                                    work_dir=str(tmp_path_factory.mktemp("hosts")))
+  with local.LocalCluster(config) as running:
+    yield running
+
+
+def test_virtual_hosts_each_task_has_its_own_address_and_stack(hosts_cluster):
+  addresses = [hosts_cluster.spec.address(t) for t in hosts_cluster.tasks]
+  hosts_ = {a.rpartition(":")[0] for a in addresses}
+  assert len(hosts_) == len(addresses) and all(h.startswith("10.213.0.") for h in hosts_)
+  assert {a.rpartition(":")[2] for a in addresses} == {"2222"}  # Same port, separate hosts.
+  for task in hosts_cluster.tasks:
+    assert hosts_cluster.listening_ports(task) == {2222}
+  # None of the virtual hosts' addresses exist in the machine's own namespace.
+  own = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True).stdout
+  assert "10.213.0." not in own
+
+
+def test_partitioned_worker_is_unreachable_until_healed(hosts_cluster):
+  worker = hosts_cluster.worker(1)
+  hosts_cluster.partition(worker.task)
+  try:
+    with pytest.raises(readiness.ClusterUnreachableError) as raised:
+      hosts_cluster.wait_ready(timeout=2)
+    assert raised.value.unreachable == (worker.task,)
+    assert worker.alive  # Cut off, not dead.
+  finally:
+    hosts_cluster.heal(worker.task)
+  hosts_cluster.wait_ready([worker.task], timeout=30)
