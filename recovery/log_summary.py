@@ -172,25 +172,33 @@ class StderrFilter:
     read_fd, write_fd = os.pipe()
     os.dup2(write_fd, 2)
     os.close(write_fd)
-    # Unbuffered reads (buffering=1 is line-buffered text) keep select() honest.
-    self._reader = os.fdopen(read_fd, "r", buffering=1, encoding="utf-8", errors="replace")
+    self._read_fd = read_fd
     self._thread = threading.Thread(target=self._pump, name="tfps-stderr-filter", daemon=True)
     self._thread.start()
 
   def _pump(self) -> None:
+    # Raw reads with our own line splitting: a buffered reader would hold
+    # complete lines that select() cannot see, delaying them indefinitely.
+    pending = b""
     try:
       while True:
         # A gRPC record is complete when the next one starts or input pauses.
-        if not select.select([self._reader], [], [], _IDLE_FLUSH_SECONDS)[0]:
+        if not select.select([self._read_fd], [], [], _IDLE_FLUSH_SECONDS)[0]:
           self._write(self._summarizer.flush(self._clock()))
           continue
-        line = self._reader.readline()
-        if not line:
+        chunk = os.read(self._read_fd, 65536)
+        if not chunk:
           break
-        self._write(self._summarizer.feed(line.rstrip("\n"), self._clock()))
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+          self._write(self._summarizer.feed(line.decode("utf-8", "replace"), self._clock()))
+      if pending:
+        self._write(self._summarizer.feed(pending.decode("utf-8", "replace"), self._clock()))
       self._write(self._summarizer.flush(self._clock()))
     except Exception as e:  # Never die silently: say so on the real stderr.
       os.write(self._real_stderr, f"tfps: stderr filter stopped: {e!r}\n".encode())
+    finally:
+      os.close(self._read_fd)
 
   def _write(self, lines: list[str]) -> None:
     for out in lines:

@@ -77,3 +77,28 @@ def test_startup_noise_is_dropped_and_other_lines_pass():
           "Traceback (most recent call last):",
           "2026-11-21 23:51:28.2: W tensorflow/core/framework/op_kernel.cc:1] Out of range: End"]
   assert feed_all(log_summary.LogSummarizer(), noise + ours) == ours
+
+
+CHILD = """
+import sys, time
+from recovery import log_summary
+log_summary.install_stderr_filter()
+sys.stderr.write("first line\\n")
+sys.stderr.flush()
+time.sleep(60)
+"""
+
+
+def test_filter_forwards_a_line_while_the_process_keeps_running():
+  import select
+  import subprocess
+  import sys
+  child = subprocess.Popen([sys.executable, "-c", CHILD], stderr=subprocess.PIPE)
+  try:
+    ready, _, _ = select.select([child.stderr], [], [], 10)
+    assert ready, "no line from the filtered stderr within 10 s"
+    assert child.stderr.readline() == b"first line\n"
+    assert child.poll() is None  # Forwarded live, not at exit.
+  finally:
+    child.kill()
+    child.wait(10)
