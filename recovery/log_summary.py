@@ -62,13 +62,19 @@ _STARTUP_NOISE = re.compile(
     r"|could not retrieve CUDA device count|GPU will not be used|Started server with target"
     # Benign chatter while TF re-admits a worker; the event itself is reported.
     r"|Device filters can only be specified|releasing multi-device function handle"
-    r"|deleting remote tensors handles")
+    r"|deleting remote tensors handles"
+    # Per-loop INFO chatter of TF's coordinator, saver and distribute code.
+    r"|Reduce to /device:|then broadcast to \('|Waiting for all global closures to be finished"
+    r"|Sharding callback duration|Sync on async checkpoint saving|default session config:"
+    r"|Number of GPUs on workers")
 # Lines that continue a TF record: absorbed into a gRPC record or dropped with
 # a noise record. Anything else ends the record and is shown.
 _CONTINUATION = re.compile(
     r"^(?:\s*$|Additional GRPC error information|:\w+:Error received from peer"
     r"|To enable the following instructions|It is treated as a transient"
-    r"|Graph execution error:|\s*failed to connect to all addresses|\s*\{)")
+    r"|Graph execution error:|\s*failed to connect to all addresses|\s*\{"
+    # Protobuf text (e.g. a session config TF dumps after its header line).
+    r"|\s*[a-z_]+ \{$|\s*\}$|\s*[a-z_]+: \S.*$)")
 # A gRPC record longer than this is cut: its summary is emitted, the rest dropped.
 _MAX_RECORD_LINES = 200
 
