@@ -22,12 +22,13 @@ class InProcessCluster:
   servers: tuple  # tf.distribute.Server, kept referenced so they keep serving.
 
 
-def worker_inter_op_threads(num_workers: int) -> int:
-  """Inter-op threads a worker needs so that closures cannot starve each other.
+def server_inter_op_threads(num_workers: int) -> int:
+  """Inter-op threads a ps or worker needs so that closures cannot starve each other.
 
-  With fewer than `num_workers + 1` inter-op threads, workers on a 2-core
-  machine deadlock waiting for one another's ops (FIELD_NOTES; TF's own test
-  helper applies the same rule).
+  With fewer than `num_workers + 1` inter-op threads, servers on a 2-core
+  machine deadlock when closures of several workers run at once: measured
+  for workers (FIELD_NOTES; TF's own test helper applies the same rule) and
+  for ps tasks (2 threads hang with 2 workers, 3 run).
   """
   return max(2, num_workers + 1)
 
@@ -42,14 +43,14 @@ def start(num_ps: int, num_workers: int) -> InProcessCluster:
   cluster = spec_lib.ClusterSpec.from_dict({
       "chief": addresses(1), "ps": addresses(num_ps), "worker": addresses(num_workers)})
   tf_spec = tf.train.ClusterSpec(cluster.as_dict())
-  worker_config = tf.compat.v1.ConfigProto(
-      inter_op_parallelism_threads=worker_inter_op_threads(num_workers))
+  server_config = tf.compat.v1.ConfigProto(
+      inter_op_parallelism_threads=server_inter_op_threads(num_workers))
   servers = []
   for task in cluster.tasks():
     if task.job == spec_lib.JobType.CHIEF:
       continue  # The calling process is the chief.
     servers.append(tf.distribute.Server(
         tf_spec, job_name=task.job.value, task_index=task.index, protocol="grpc",
-        config=worker_config if task.job == spec_lib.JobType.WORKER else None,
+        config=server_config,
         start=True))
   return InProcessCluster(cluster=cluster, servers=tuple(servers))

@@ -36,8 +36,8 @@ class ServerOptions:
   """How a ps/worker server is configured.
 
   Attributes:
-    inter_op_threads: TF inter-op threads; None picks a safe default (for a
-      worker, enough that concurrent closures cannot deadlock on 2 cores).
+    inter_op_threads: TF inter-op threads; None picks a safe default (enough
+      that concurrent closures cannot deadlock on 2 cores).
     grace_seconds: time between SIGTERM and the hard kill (GKE Spot pods
       ~15 s, Spot VMs ~30 s). On SIGTERM the task warns the chief and stays
       up, at most this long less a safety margin, while the chief saves.
@@ -74,11 +74,9 @@ def serve(config: spec_lib.TaskConfig, stop: StopSignals,
     raise errors.UsageError(f"task.type: {config.task.job.value!r} is not a ps or worker role")
   import tensorflow as tf  # Late: start-up cost and log noise only for servers.
 
-  threads = options.inter_op_threads
-  if threads is None and config.task.job == spec_lib.JobType.WORKER:
-    threads = inprocess.worker_inter_op_threads(
-        config.cluster.num_tasks(spec_lib.JobType.WORKER))
-  session_config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=threads or 0)
+  threads = options.inter_op_threads or inprocess.server_inter_op_threads(
+      config.cluster.num_tasks(spec_lib.JobType.WORKER))
+  session_config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=threads)
   if stop.requested:  # Told to stop while TF was importing: do not start.
     return errors.exit_code_for_signal(stop.signum)
   tf.distribute.Server(

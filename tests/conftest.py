@@ -6,6 +6,10 @@ import sys
 
 import pytest
 
+# As `tfps` does for its own processes: TF's C++ INFO chatter (start-up notes,
+# and at exit one line per remote function handle) is not test output.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
 TFPS = [sys.executable, "-m", "tfps"]
 
 

@@ -1,0 +1,1 @@
+"""The chief: strategy + ClusterCoordinator, PS-aware Orbit trainer/evaluator, experiments."""

@@ -1,0 +1,123 @@
+"""Runs an ordinary Orbit `StandardTrainer` on parameter servers.
+
+`PSTrainer` wraps a trainer written for one machine and changes one thing:
+the train loop. Orbit's loop of `num_steps` calls to `train_step` becomes
+several remote closures of at most `steps_per_closure` steps each (a
+`tf.while_loop` inside one `tf.function`), all queued at once so that every
+worker is busy, followed by one `join()`. `train_loop_begin`, `train_step`
+and `train_loop_end` are the wrapped trainer's own, unchanged.
+
+    trainer = PSTrainer(MyTrainer(...), runtime, steps_per_closure=50)
+
+(the chief does this for every `StandardTrainer` an experiment returns, so
+an experiment never needs to.)
+
+Step counting and retries (at-least-once):
+  `ClusterCoordinator` runs each closure *at least once*: when a worker dies
+  mid-closure, the steps it already ran stay applied on the ps and the whole
+  closure runs again elsewhere. The global step is a variable on a ps that
+  the trainer's `train_step` increments once per step, so it counts steps
+  that actually ran, re-run ones included: after a retry it exceeds the
+  scheduled count by the steps the failed attempt completed. It never
+  undercounts, it only moves forward, and it is read only after `join()`,
+  when no closure of the loop is still running. Orbit's `Controller` re-reads
+  it after every loop and asks for `target - global_step` more steps, so the
+  run ends at or just past `train_steps`, checkpoints are numbered with the
+  step value they contain, and a resumed run starts from exactly that value.
+  Metrics a trainer accumulates on the ps (e.g. a mean loss) likewise include
+  re-run steps.
+"""
+
+import math
+from typing import Any, Callable
+
+import orbit
+import tensorflow as tf
+
+from coordinator import datasets
+from coordinator import strategy as strategy_lib
+from recovery import errors
+
+
+def plan_closures(num_steps: int, steps_per_closure: int, num_workers: int) -> list[int]:
+  """Splits a loop of `num_steps` into closure sizes that keep all workers busy.
+
+  Closures hold at most `steps_per_closure` steps, and are made smaller when
+  needed so that there are at least `num_workers` of them (when
+  `num_steps >= num_workers`).
+  """
+  if num_steps <= 0:
+    return []
+  size = max(1, min(steps_per_closure, math.ceil(num_steps / num_workers)))
+  full, rest = divmod(num_steps, size)
+  return [size] * full + ([rest] if rest else [])
+
+
+class PSTrainer(orbit.StandardTrainer):
+  """A single-machine `orbit.StandardTrainer` run as closures on all workers.
+
+  The wrapped trainer's `train_dataset` (a `dataset_fn(input_context)` or a
+  `tf.data.Dataset`, see `coordinator.datasets`) is created on every worker,
+  each reading its own part; it should repeat indefinitely. Its `train_step`
+  runs on the workers, inside `strategy.scope()`, and must increment the
+  global step once per step (see the module docstring for retries).
+  """
+
+  def __init__(self, trainer: orbit.StandardTrainer, runtime: strategy_lib.PSRuntime, *,
+               steps_per_closure: int):
+    if not isinstance(trainer, orbit.StandardTrainer):
+      raise errors.UsageError(
+          f"PSTrainer wraps an orbit.StandardTrainer, got {type(trainer).__name__}")
+    if isinstance(steps_per_closure, bool) or not isinstance(steps_per_closure, int) \
+        or steps_per_closure < 1:
+      raise errors.UsageError(
+          f"steps_per_closure ({steps_per_closure!r}) must be a positive integer")
+    self._trainer = trainer
+    self._runtime = runtime
+    self._steps_per_closure = steps_per_closure
+    self.closures_scheduled = 0
+    per_worker = tf.nest.map_structure(
+        lambda d: datasets.per_worker_dataset(
+            runtime.coordinator, d, num_workers=runtime.num_workers,
+            num_replicas_in_sync=runtime.strategy.num_replicas_in_sync,
+            what=f"{type(trainer).__name__}.train_dataset"),
+        trainer.train_dataset)
+    super().__init__(train_dataset=per_worker,
+                     options=orbit.StandardTrainerOptions(use_tf_while_loop=True))
+
+  @property
+  def trainer(self) -> orbit.StandardTrainer:
+    """The wrapped single-machine trainer."""
+    return self._trainer
+
+  def train_loop_begin(self):
+    return self._trainer.train_loop_begin()
+
+  def train_step(self, iterator):
+    return self._trainer.train_step(iterator)
+
+  def train_loop_end(self):
+    return self._trainer.train_loop_end()
+
+  def create_train_loop_fn(self) -> Callable[[Any, tf.Tensor], None]:
+    """The loop Orbit calls: schedule closures over all workers, then join."""
+    coordinator = self._runtime.coordinator
+    strategy = self._runtime.strategy
+    train_step = self._trainer.train_step
+
+    @tf.function
+    def closure(iterator, num_steps):
+      for _ in tf.range(num_steps):  # A tf.while_loop on the worker.
+        train_step(iterator)
+
+    def loop_fn(iterator, num_steps):
+      sizes = plan_closures(int(num_steps), self._steps_per_closure,
+                            self._runtime.num_workers)
+      # Traced in scope so that the trainer sees the strategy it was built in.
+      with strategy.scope():
+        for size in sizes:
+          coordinator.schedule(closure, args=(iterator, tf.constant(size, tf.int32)))
+          self.closures_scheduled += 1
+      coordinator.join()
+
+    return loop_fn

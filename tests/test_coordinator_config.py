@@ -1,0 +1,158 @@
+"""Chief configuration, loop planning and progress: pure unit tests, no cluster."""
+
+import json
+import math
+
+import pytest
+
+from cluster import spec as spec_lib
+from coordinator import chief
+from coordinator import datasets
+from coordinator import progress
+from coordinator import trainer as trainer_lib
+from recovery import errors
+
+# Nothing listens here: every case below must fail before connecting.
+_CLUSTER = spec_lib.ClusterSpec.from_dict(
+    {"chief": ["localhost:1"], "ps": ["localhost:2"], "worker": ["localhost:3"]})
+
+
+def _config(tmp_path, **overrides):
+  kwargs = dict(cluster=_CLUSTER, model_dir=str(tmp_path / "model"), ready_timeout=0.5)
+  kwargs.update(overrides)
+  return chief.ChiefConfig(**kwargs)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("train_steps", 0), ("train_steps", -5), ("train_steps", True), ("train_steps", "10"),
+    ("steps_per_loop", 0), ("steps_per_closure", 0), ("checkpoint_interval", 0),
+    ("max_to_keep", 0), ("global_batch_size", -1), ("eval_steps", 0),
+    ("eval_interval", 0), ("eval_shards", 0), ("min_shard_bytes", 0),
+])
+def test_config_rejects_non_positive_integers(tmp_path, field, value):
+  with pytest.raises(errors.UsageError) as e:
+    _config(tmp_path, **{field: value})
+  assert str(e.value) == f"{field} ({value!r}) must be a positive integer"
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"mode": "fit"}, "mode ('fit') must be one of train, train_and_eval, eval"),
+    ({"seed": -1}, "seed (-1) must be a non-negative integer"),
+    ({"ready_timeout": 0}, "ready_timeout (0) must be positive seconds"),
+    ({"model_dir": ""}, "model_dir ('') must be a directory path"),
+    ({"experiment": " "}, "experiment (' ') must be a name"),
+    ({"cluster": {"ps": ["h:1"]}}, "cluster (dict) must be a cluster.spec.ClusterSpec"),
+    ({"experiment_params": {"a": 1}}, "experiment_params ({'a': 1}) must map strings to strings"),
+])
+def test_config_rejects_bad_values_naming_field_and_value(tmp_path, overrides, message):
+  with pytest.raises(errors.UsageError) as e:
+    _config(tmp_path, **overrides)
+  assert str(e.value) == message
+
+
+def test_config_accepts_mode_strings_and_freezes(tmp_path):
+  config = _config(tmp_path, mode="eval", experiment_params={"hidden": "8"})
+  assert config.mode is chief.Mode.EVAL
+  with pytest.raises(Exception):
+    config.train_steps = 5  # Frozen.
+  with pytest.raises(TypeError):
+    config.experiment_params["hidden"] = "9"  # Read-only view.
+
+
+def test_unwritable_model_dir_fails_before_connecting(tmp_path):
+  blocker = tmp_path / "a_file"
+  blocker.write_text("not a directory")
+  config = _config(tmp_path, model_dir=str(blocker / "model"))
+  with pytest.raises(errors.UsageError) as e:
+    chief.run_chief(config)  # Would hang/fail differently if it tried the cluster.
+  assert str(e.value).startswith(f"model_dir ({blocker / 'model'}): cannot write there (")
+  assert "\n" not in str(e.value)
+
+
+def test_unknown_experiment_fails_before_connecting(tmp_path):
+  with pytest.raises(errors.UsageError) as e:
+    chief.run_chief(_config(tmp_path, experiment="nosuch"))
+  assert "experiment 'nosuch' is unknown" in str(e.value)
+
+
+def test_result_as_dict_is_json():
+  result = chief.ChiefResult(
+      status=chief.RunStatus.FINISHED, experiment="ctr", mode=chief.Mode.TRAIN,
+      global_step=10, start_step=0, train_steps=10, examples_per_sec=1.5, steps_per_sec=0.5,
+      train_seconds=2.0, eval={"auc": 0.7}, checkpoint="/m/ckpt-10", model_dir="/m")
+  d = json.loads(json.dumps(result.as_dict()))
+  assert d["status"] == "finished" and d["mode"] == "train" and d["restarts"] == 0
+  assert d["eval"] == {"auc": 0.7} and d["checkpoint"] == "/m/ckpt-10"
+  assert f"{result.status}" == "finished"
+
+
+@pytest.mark.parametrize("num_steps,per_closure,workers,expected", [
+    (100, 25, 2, [25, 25, 25, 25]),
+    (100, 30, 2, [30, 30, 30, 10]),
+    (10, 50, 2, [5, 5]),          # Smaller closures so that both workers work.
+    (7, 50, 3, [3, 3, 1]),
+    (1, 50, 4, [1]),
+    (0, 50, 2, []),
+])
+def test_plan_closures(num_steps, per_closure, workers, expected):
+  sizes = trainer_lib.plan_closures(num_steps, per_closure, workers)
+  assert sizes == expected
+  assert sum(sizes) == num_steps
+
+
+def test_split_eval_steps_over_shards():
+  assert datasets.split_steps(10, 4) == [3, 3, 2, 2]
+  assert datasets.split_steps(2, 4) == [1, 1, 0, 0]
+
+
+@pytest.mark.parametrize("step,expected", [(0, 40), (40, 40), (80, 20), (90, 10), (100, 40)])
+def test_loops_end_on_checkpoint_boundaries(step, expected):
+  assert chief._loop_size(step, steps_per_loop=40, checkpoint_interval=100) == expected
+
+
+class _FakeStep:
+  def __init__(self):
+    self.value = 0
+
+  def numpy(self):
+    return self.value
+
+
+class _FakeTrainer:
+  """Advances the step like a trainer would, `overshoot` extra (a retried closure)."""
+
+  def __init__(self, step, clock, loss, overshoot=0):
+    self.step, self.clock, self.loss, self.overshoot = step, clock, loss, overshoot
+
+  def train(self, num_steps):
+    self.step.value += int(num_steps) + self.overshoot
+    self.clock.now += 2.0
+    return {"loss": self.loss}
+
+
+class _Clock:
+  now = 100.0
+
+  def __call__(self):
+    return self.now
+
+
+def test_progress_counts_steps_that_ran_and_logs_a_line(caplog):
+  step, clock = _FakeStep(), _Clock()
+  measured = progress.MeasuredTrainer(_FakeTrainer(step, clock, 0.5, overshoot=2), step,
+                                      target=100, batch_size=10, clock=clock)
+  caplog.set_level("INFO", logger="absl")
+  output = measured.train(20)
+  assert measured.steps == 22 and measured.seconds == 2.0  # Re-run steps are work done.
+  assert output["examples_per_second"] == pytest.approx(110.0)
+  assert "step 22/100 | 11.0 steps/s | 110 examples/s | loss 0.5000 | ETA 0:00:07" \
+      in caplog.text
+
+
+@pytest.mark.parametrize("loss", [math.nan, math.inf])
+def test_non_finite_loss_is_permanent(loss):
+  step, clock = _FakeStep(), _Clock()
+  measured = progress.MeasuredTrainer(_FakeTrainer(step, clock, loss), step,
+                                      target=100, batch_size=10, clock=clock)
+  with pytest.raises(errors.PermanentError, match=f"loss is {loss} at step 5"):
+    measured.train(5)

@@ -1,0 +1,197 @@
+"""The experiment API and checkpoint checks, on the default strategy (no cluster)."""
+
+import sys
+import textwrap
+
+import orbit
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from coordinator import checkpoints
+from coordinator import experiment as experiment_lib
+from recovery import errors
+
+
+class _Trainer(orbit.AbstractTrainer):
+  def train(self, num_steps):
+    return {}
+
+
+def _context(**overrides):
+  kwargs = dict(strategy=tf.distribute.get_strategy(), coordinator=None, model_dir="/m",
+                global_batch_size=8, seed=1, num_workers=2, num_ps=2)
+  kwargs.update(overrides)
+  return experiment_lib.ExperimentContext(**kwargs)
+
+
+def _experiment(**overrides):
+  kwargs = dict(trainer=_Trainer(), evaluator=None, checkpoint_items={},
+                global_step=orbit.utils.create_global_step())
+  kwargs.update(overrides)
+  return experiment_lib.Experiment(**kwargs)
+
+
+def test_builtin_ctr_loads():
+  from coordinator import ctr
+  assert experiment_lib.load_factory("ctr") is ctr.factory
+
+
+@pytest.mark.parametrize("name,message", [
+    ("nosuch", "experiment 'nosuch' is unknown (built-in: ctr; or give package.module:factory)"),
+    ("no_such_module_xyz:factory",
+     "experiment 'no_such_module_xyz:factory': cannot import module 'no_such_module_xyz' "
+     "(ModuleNotFoundError: No module named 'no_such_module_xyz')"),
+    ("json:no_factory", "experiment 'json:no_factory': module 'json' has no attribute "
+                        "'no_factory'"),
+    ("json:__name__", "experiment 'json:__name__': '__name__' is a str, not callable"),
+    (":f", "experiment ':f' must look like package.module:factory"),
+])
+def test_load_factory_errors_are_usage_errors(name, message):
+  with pytest.raises(errors.UsageError) as e:
+    experiment_lib.load_factory(name)
+  assert str(e.value) == message
+
+
+def test_module_failing_at_import_is_a_usage_error(tmp_path, monkeypatch):
+  (tmp_path / "broken_experiment.py").write_text("raise RuntimeError('boom at import')\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  with pytest.raises(errors.UsageError) as e:
+    experiment_lib.load_factory("broken_experiment:factory")
+  assert str(e.value) == ("experiment 'broken_experiment:factory': cannot import module "
+                          "'broken_experiment' (RuntimeError: boom at import)")
+
+
+def test_user_factory_loads(tmp_path, monkeypatch):
+  (tmp_path / "my_pkg_experiment.py").write_text(textwrap.dedent("""
+      def factory(context):
+        return context
+  """))
+  monkeypatch.syspath_prepend(str(tmp_path))
+  factory = experiment_lib.load_factory("my_pkg_experiment:factory")
+  assert factory("x") == "x"
+  sys.modules.pop("my_pkg_experiment", None)
+
+
+def test_factory_raising_is_permanent_and_names_factory_and_exception():
+  def factory(context):
+    raise KeyError("vocab")
+  with pytest.raises(errors.PermanentError) as e:
+    experiment_lib.build(factory, _context(), name="mine:factory", partitioned=False)
+  assert str(e.value) == "experiment factory 'mine:factory' raised KeyError: 'vocab'"
+
+
+def test_factory_usage_errors_keep_their_type():
+  def factory(context):
+    raise errors.UsageError("ctr vocab_sizes (0) must be positive integers")
+  with pytest.raises(errors.UsageError, match="vocab_sizes"):
+    experiment_lib.build(factory, _context(), name="ctr", partitioned=False)
+
+
+def test_factory_returning_wrong_type_is_a_usage_error():
+  with pytest.raises(errors.UsageError) as e:
+    experiment_lib.build(lambda context: {"trainer": 1}, _context(), name="f",
+                         partitioned=False)
+  assert str(e.value) == ("experiment factory 'f' returned dict, "
+                          "expected coordinator.experiment.Experiment")
+
+
+def test_factory_runs_in_strategy_scope_and_gets_context():
+  seen = {}
+
+  def factory(context):
+    seen["strategy"] = tf.distribute.get_strategy()
+    seen["batch"] = context.global_batch_size
+    return _experiment()
+
+  strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+  experiment = experiment_lib.build(factory, _context(strategy=strategy), name="f",
+                                    partitioned=False)
+  assert seen == {"strategy": strategy, "batch": 8}
+  assert isinstance(experiment, experiment_lib.Experiment)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"trainer": "t"}, "Experiment.trainer: expected an orbit.AbstractTrainer, got str"),
+    ({"trainer": None}, "Experiment: needs a trainer, an evaluator or both"),
+    ({"global_step": 3}, "Experiment.global_step: expected an integer tf.Variable, got int"),
+    ({"checkpoint_items": {"global_step": 1}},
+     "Experiment.checkpoint_items: 'global_step' is reserved for Experiment.global_step"),
+])
+def test_experiment_validates_its_parts(overrides, message):
+  with pytest.raises(errors.UsageError) as e:
+    _experiment(**overrides)
+  assert str(e.value) == message
+
+
+def test_keras3_model_with_partitioner_is_a_clear_usage_error():
+  import keras  # Keras 3.
+  layer = keras.layers.Dense(1)
+
+  def factory(context):
+    return _experiment(checkpoint_items={"model": layer})
+
+  with pytest.raises(errors.UsageError) as e:
+    experiment_lib.build(factory, _context(), name="k3", partitioned=True)
+  message = str(e.value)
+  assert message.startswith("experiment 'k3' uses a Keras 3 object (model: keras.")
+  assert "need tf_keras" in message and "\n" not in message
+  # Without a partitioner Keras 3 is the user's business.
+  experiment_lib.build(factory, _context(), name="k3", partitioned=False)
+
+
+def test_keras3_failing_inside_factory_with_partitioner_is_a_usage_error():
+  import keras
+
+  def factory(context):
+    keras.layers.Dense(units=-1)  # Raises inside Keras 3.
+
+  with pytest.raises(errors.UsageError, match="uses a Keras 3 object with a variable "
+                                              "partitioner.*ValueError"):
+    experiment_lib.build(factory, _context(), name="k3", partitioned=True)
+
+
+def _saved_dense(tmp_path, units):
+  layer = tf_keras.layers.Dense(units)
+  layer.build((None, 2))
+  step = orbit.utils.create_global_step()
+  manager = tf.train.CheckpointManager(
+      tf.train.Checkpoint(global_step=step, model=layer), str(tmp_path), max_to_keep=1)
+  return layer, step, manager
+
+
+def test_restore_roundtrip_and_empty_dir(tmp_path, caplog):
+  caplog.set_level("INFO", logger="absl")
+  layer, step, manager = _saved_dense(tmp_path, 3)
+  assert checkpoints.restore(manager, step, experiment="e") is None
+  step.assign(7)
+  path = manager.save(checkpoint_number=7)
+  _, step2, manager2 = _saved_dense(tmp_path, 3)
+  assert checkpoints.restore(manager2, step2, experiment="e") == path
+  assert int(step2.numpy()) == 7
+  assert f"restored {path} at step 7" in caplog.text
+
+
+@pytest.mark.parametrize("other", ["wider", "different"])
+def test_restore_from_incompatible_model_is_permanent(tmp_path, other):
+  _, step, manager = _saved_dense(tmp_path, 3)
+  path = manager.save(checkpoint_number=1)
+  if other == "wider":
+    _, step2, manager2 = _saved_dense(tmp_path, 4)
+  else:
+    embedding = tf_keras.layers.Embedding(10, 2)
+    embedding.build((None,))
+    step2 = orbit.utils.create_global_step()
+    manager2 = tf.train.CheckpointManager(
+        tf.train.Checkpoint(global_step=step2, table=embedding), str(tmp_path), max_to_keep=1)
+  with pytest.raises(errors.PermanentError) as e:
+    checkpoints.restore(manager2, step2, experiment="ctr")
+  message = str(e.value)
+  assert message.startswith(f"checkpoint {path} does not fit experiment 'ctr' (")
+  assert "\n" not in message and len(message) < 400
+
+
+def test_check_writable_creates_the_directory(tmp_path):
+  checkpoints.check_writable(str(tmp_path / "a" / "b"))
+  assert (tmp_path / "a" / "b").is_dir()
+  assert not list((tmp_path / "a" / "b").iterdir())  # The probe file is gone.

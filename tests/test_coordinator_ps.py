@@ -1,0 +1,289 @@
+"""The coordinator on a real (in-process) cluster: 2 ps, 2 workers, gRPC on loopback.
+
+TensorFlow allows one cluster per process, so every test here shares one
+module-scoped cluster; each `run_chief` builds its own strategy on it, as a
+restarted coordinator would.
+"""
+
+import glob
+import json
+import os
+
+import numpy as np
+import orbit
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from cluster import inprocess
+from coordinator import chief
+from coordinator import ctr
+from coordinator import datasets
+from coordinator import evaluator as evaluator_lib
+from coordinator import strategy as strategy_lib
+from coordinator import trainer as trainer_lib
+from recovery import errors
+from recovery import progress as progress_log
+
+NUM_PS, NUM_WORKERS = 2, 2
+SMALL_CTR = {"vocab_sizes": "3000:2000:1000", "embedding_dim": "8", "hidden": "32:16",
+             "eval_examples": "4096"}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+  return inprocess.start(NUM_PS, NUM_WORKERS).cluster
+
+
+@pytest.fixture(scope="module")
+def runtime(cluster):
+  return strategy_lib.connect(cluster, ready_timeout=30, min_shard_bytes=16 << 10)
+
+
+def _separable(n, seed):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(n, 4)).astype("float32")
+  y = (x @ np.array([1.0, -2.0, 0.5, 0.0], "float32") > 0).astype("float32")[:, None]
+  return x, y
+
+
+# An ordinary single-machine Orbit trainer and evaluator, written without
+# parameter servers in mind (the `orbit` README style).
+
+class LinearTrainer(orbit.StandardTrainer):
+
+  def __init__(self, model, optimizer, global_step, dataset):
+    self.strategy = tf.distribute.get_strategy()
+    self.model, self.optimizer, self.global_step = model, optimizer, global_step
+    self.train_loss = tf_keras.metrics.Mean("loss")
+    super().__init__(dataset)
+
+  def train_loop_begin(self):
+    self.train_loss.reset_state()
+
+  def train_step(self, iterator):
+    def step_fn(inputs):
+      x, y = inputs
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf_keras.losses.binary_crossentropy(
+            y, self.model(x, training=True), from_logits=True))
+      grads = tape.gradient(loss, self.model.trainable_variables)
+      self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+      self.train_loss.update_state(loss)
+
+    self.strategy.run(step_fn, args=(next(iterator),))
+    self.global_step.assign_add(1)
+
+  def train_loop_end(self):
+    return {"loss": self.train_loss.result()}
+
+
+class LinearEvaluator(orbit.StandardEvaluator):
+
+  def __init__(self, model, dataset):
+    self.strategy = tf.distribute.get_strategy()
+    self.model = model
+    self.metrics = [tf_keras.metrics.BinaryAccuracy("accuracy", threshold=0.0),
+                    tf_keras.metrics.Mean("loss")]
+    super().__init__(dataset)
+
+  def eval_begin(self):
+    for metric in self.metrics:
+      metric.reset_state()
+
+  def eval_step(self, iterator):
+    def step_fn(inputs):
+      x, y = inputs
+      logits = self.model(x, training=False)
+      self.metrics[0].update_state(y, logits)
+      self.metrics[1].update_state(
+          tf_keras.losses.binary_crossentropy(y, logits, from_logits=True))
+
+    self.strategy.run(step_fn, args=(next(iterator),))
+
+  def eval_end(self):
+    return {m.name: m.result() for m in self.metrics}
+
+
+def _linear_parts():
+  model = tf_keras.Sequential([tf_keras.layers.Dense(8, activation="relu"),
+                               tf_keras.layers.Dense(1)])
+  model.build((None, 4))
+  optimizer = tf_keras.optimizers.Adam(0.05)
+  step = orbit.utils.create_global_step()
+  x, y = _separable(2048, seed=0)
+  train = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(32)
+  return model, optimizer, step, LinearTrainer(model, optimizer, step, train)
+
+
+def plain_factory(context):
+  """A user experiment: the plain classes above, nothing PS-specific."""
+  model, optimizer, step, trainer = _linear_parts()
+  ex, ey = _separable(500, seed=1)
+  evaluator = LinearEvaluator(model, tf.data.Dataset.from_tensor_slices((ex, ey)).batch(64))
+  from coordinator import experiment
+  return experiment.Experiment(trainer=trainer, evaluator=evaluator,
+                               checkpoint_items={"model": model, "optimizer": optimizer},
+                               global_step=step)
+
+
+def test_plain_trainer_runs_under_ps_with_one_changed_line(runtime):
+  # The trainer is ordinary: it trains on one machine as written...
+  _, _, step, trainer = _linear_parts()
+  orbit.Controller(trainer=trainer, global_step=step, steps_per_loop=10).train(10)
+  assert int(step.numpy()) == 10
+
+  # ...and under parameter servers with one changed line (the wrap).
+  with runtime.strategy.scope():
+    model, optimizer, step, trainer = _linear_parts()
+  trainer = trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=5)  # The line.
+  controller = orbit.Controller(trainer=trainer, global_step=step, steps_per_loop=30)
+  first = controller.trainer.train(tf.constant(30))["loss"].numpy()
+  controller.train(120)
+
+  assert int(step.numpy()) == 120 and int(optimizer.iterations.numpy()) == 120
+  assert trainer.closures_scheduled == 24  # 4 loops x 30 steps / 5 per closure.
+  assert trainer.train_loop_end()["loss"].numpy() < 0.5 * first
+  x, y = _separable(500, seed=1)
+  accuracy = np.mean((model(x).numpy() > 0) == (y > 0))
+  assert accuracy > 0.9
+  assert "/job:ps/" in model.trainable_variables[0].device
+
+
+@pytest.mark.parametrize("form", ["dataset", "dataset_fn"])
+def test_per_worker_datasets_are_split_by_worker(runtime, form):
+  if form == "dataset":
+    data = tf.data.Dataset.range(1000)
+  else:
+    data = lambda ctx: tf.data.Dataset.range(1000).shard(ctx.num_input_pipelines,
+                                                         ctx.input_pipeline_id)
+  iterator = iter(datasets.per_worker_dataset(runtime.coordinator, data,
+                                              num_workers=NUM_WORKERS))
+
+  @tf.function
+  def take(iterator):
+    return (tf.distribute.coordinator.experimental_get_current_worker_index(),
+            next(iterator))
+
+  results = [runtime.coordinator.schedule(take, args=(iterator,)) for _ in range(20)]
+  runtime.coordinator.join()
+  by_worker = {}
+  for worker, value in (r.fetch() for r in results):
+    assert value % NUM_WORKERS == worker  # Worker w only ever sees part w.
+    by_worker.setdefault(int(worker), []).append(int(value))
+  for worker, values in by_worker.items():  # Each in order, from its first element.
+    assert sorted(values) == list(range(worker, worker + NUM_WORKERS * len(values), NUM_WORKERS))
+
+
+def _reference_ctr_metrics(model, config, seed, batch):
+  """The evaluator's own single-machine evaluate(), on the chief, whole set."""
+  whole = ctr.eval_dataset_fn(config, seed, batch)(tf.distribute.InputContext())
+  reference = ctr.CtrEvaluator(model, whole)  # Outside the scope: plain metrics.
+  out = reference.evaluate(tf.constant(-1))
+  return {k: float(v) for k, v in out.items()}, float(reference.loss.count.numpy())
+
+
+def test_exact_eval_equals_single_machine_metrics(runtime):
+  config = ctr.CtrConfig.from_params(dict(SMALL_CTR, eval_examples="1000"))
+  with runtime.strategy.scope():
+    model = ctr.build_model(config, seed=3)
+    optimizer = tf_keras.optimizers.Adam(0.01)
+    step = orbit.utils.create_global_step()
+    trainer = ctr.CtrTrainer(model, optimizer, step, ctr.train_dataset_fn(config, 3, 128))
+    evaluator = ctr.CtrEvaluator(model, ctr.eval_dataset_fn(config, 3, 64))
+  trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=10).train(tf.constant(40))
+  expected, count = _reference_ctr_metrics(model, config, 3, 64)
+  assert count == 1000
+
+  for shards in (3, 8):
+    ps_evaluator = evaluator_lib.PSEvaluator(evaluator, runtime, num_shards=shards)
+    got = {k: float(v) for k, v in ps_evaluator.evaluate(tf.constant(-1)).items()}
+    assert evaluator.loss.count.numpy() == 1000  # Every example exactly once.
+    assert got["auc"] == pytest.approx(expected["auc"], abs=1e-6)
+    assert got["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+  assert 0.55 < got["auc"] < 1.0  # A trained model, not a constant.
+
+  partial = evaluator_lib.PSEvaluator(evaluator, runtime, num_shards=4)
+  partial.evaluate(tf.constant(6))  # 6 batches of 64 in total.
+  assert evaluator.loss.count.numpy() == 6 * 64
+
+
+def test_exact_eval_of_chief_side_dataset(runtime):
+  with runtime.strategy.scope():
+    model, _, _, _ = _linear_parts()
+    ex, ey = _separable(300, seed=5)
+    evaluator = LinearEvaluator(model, tf.data.Dataset.from_tensor_slices((ex, ey)).batch(32))
+  got = evaluator_lib.PSEvaluator(evaluator, runtime, num_shards=5).evaluate(tf.constant(-1))
+  logits = model(ex).numpy()
+  assert float(got["accuracy"]) == pytest.approx(np.mean((logits > 0) == (ey > 0)), abs=1e-6)
+  assert evaluator.metrics[1].count.numpy() == 300
+
+
+def _chief_config(cluster, model_dir, **overrides):
+  kwargs = dict(cluster=cluster, model_dir=str(model_dir), experiment_params=SMALL_CTR,
+                global_batch_size=256, steps_per_loop=100, checkpoint_interval=100,
+                steps_per_closure=25, min_shard_bytes=16 << 10, ready_timeout=30, seed=1)
+  kwargs.update(overrides)
+  return chief.ChiefConfig(**kwargs)
+
+
+def test_ctr_learns(cluster, tmp_path):
+  result = chief.run_chief(_chief_config(cluster, tmp_path, train_steps=300,
+                                         mode="train_and_eval"))
+  line = json.loads(json.dumps(result.as_dict()))
+  assert line["status"] == "finished" and line["global_step"] == 300
+  assert line["eval"]["auc"] > 0.75, line  # Chance 0.5, dense features alone 0.74.
+  assert line["eval"]["loss"] < 0.60, line  # Predicting the click rate: 0.65.
+  assert line["examples_per_sec"] > 0 and line["restarts"] == 0
+  assert line["checkpoint"] == str(tmp_path / "ckpt-300")
+  assert glob.glob(str(tmp_path / "events.out.tfevents.*"))
+  assert glob.glob(str(tmp_path / "eval" / "events.out.tfevents.*"))
+
+
+def test_checkpoint_and_resume_at_the_saved_step(cluster, tmp_path, caplog):
+  caplog.set_level("INFO", logger="absl")
+  first = chief.run_chief(_chief_config(cluster, tmp_path, train_steps=120, mode="train",
+                                        steps_per_loop=50, checkpoint_interval=50))
+  assert first.global_step == 120 and first.eval == {}
+  saved = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "ckpt-*.index")))
+  assert saved == ["ckpt-100.index", "ckpt-120.index", "ckpt-50.index"]
+
+  caplog.clear()
+  second = chief.run_chief(_chief_config(cluster, tmp_path, train_steps=150, mode="train"))
+  assert f"restored {tmp_path / 'ckpt-120'} at step 120" in caplog.text
+  assert second.start_step == 120 and second.global_step == 150
+  assert second.checkpoint == str(tmp_path / "ckpt-150")
+
+  third = chief.run_chief(_chief_config(cluster, tmp_path, train_steps=150, mode="eval"))
+  assert third.start_step == third.global_step == 150
+  assert 0.5 < third.eval["auc"] < 1.0
+
+  records = progress_log.ProgressLog(str(tmp_path)).read_new()
+  assert [(r.step, r.restored) for r in records] == [
+      (0, True), (50, False), (100, False), (120, False),  # First run.
+      (120, True), (150, False),                           # Resumed.
+      (150, True)]                                         # Eval only.
+
+
+def test_user_factory_with_plain_orbit_classes(cluster, tmp_path):
+  result = chief.run_chief(_chief_config(
+      cluster, tmp_path, experiment=f"{__name__}:plain_factory", experiment_params={},
+      train_steps=60, steps_per_loop=30, checkpoint_interval=60, global_batch_size=32))
+  assert result.global_step == 60
+  assert result.eval["accuracy"] > 0.9
+
+
+def test_checkpoint_of_another_model_is_permanent(cluster, tmp_path):
+  chief.run_chief(_chief_config(cluster, tmp_path, train_steps=10, mode="train"))
+  other = dict(SMALL_CTR, vocab_sizes="3000:2000:999")
+  with pytest.raises(errors.PermanentError) as e:
+    chief.run_chief(_chief_config(cluster, tmp_path, train_steps=20, mode="train",
+                                  experiment_params=other))
+  message = str(e.value)
+  assert message.startswith(f"checkpoint {tmp_path / 'ckpt-10'} does not fit experiment 'ctr'")
+  assert "\n" not in message
+
+
+def test_eval_mode_without_checkpoint_is_a_usage_error(cluster, tmp_path):
+  with pytest.raises(errors.UsageError, match=r"mode \(eval\) needs a checkpoint"):
+    chief.run_chief(_chief_config(cluster, tmp_path, mode="eval"))

@@ -1,0 +1,68 @@
+"""The ctr experiment's settings and synthetic data, without a cluster."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from coordinator import ctr
+from recovery import errors
+
+
+def test_params_parse_and_validate():
+  config = ctr.CtrConfig.from_params(
+      {"vocab_sizes": "100:50", "hidden": "8", "learning_rate": "0.1", "eval_examples": "64"})
+  assert config.vocab_sizes == (100, 50) and config.hidden == (8,)
+  assert config.learning_rate == 0.1 and config.eval_examples == 64
+  assert sum(ctr.CtrConfig().vocab_sizes) >= 100_000  # The default is "large".
+
+
+@pytest.mark.parametrize("params,message", [
+    ({"vocab": "10"}, "ctr: unknown setting(s) vocab (known: "),
+    ({"vocab_sizes": "10:x"}, "ctr vocab_sizes ('10:x') is not a valid value"),
+    ({"vocab_sizes": "10:0"}, "ctr vocab_sizes (10:0) must be positive integers"),
+    ({"embedding_dim": "0"}, "ctr embedding_dim (0) must be a positive integer"),
+    ({"learning_rate": "-1"}, "ctr learning_rate (-1.0) must be a positive number"),
+])
+def test_bad_params_are_usage_errors(params, message):
+  with pytest.raises(errors.UsageError) as e:
+    ctr.CtrConfig.from_params(params)
+  assert str(e.value).startswith(message)
+
+
+def _examples(indices, seed=7, split=1, config=ctr.CtrConfig(vocab_sizes=(1000, 300))):
+  features, labels = ctr.make_examples(tf.constant(indices, tf.int64), config, seed, split)
+  return {k: v.numpy() for k, v in features.items()}, labels.numpy()
+
+
+def test_examples_are_a_pure_function_of_seed_split_and_index():
+  features, labels = _examples([5, 6, 7, 8])
+  again, again_labels = _examples([7, 8])  # Other batch: same examples.
+  np.testing.assert_array_equal(features["cat_0"][2:], again["cat_0"])
+  np.testing.assert_array_equal(features["dense"][2:], again["dense"])
+  np.testing.assert_array_equal(labels[2:], again_labels)
+  other_seed, _ = _examples([5, 6, 7, 8], seed=8)
+  other_split, _ = _examples([5, 6, 7, 8], split=2)
+  assert not np.array_equal(features["dense"], other_seed["dense"])
+  assert not np.array_equal(features["dense"], other_split["dense"])
+
+
+def test_data_has_skewed_ids_in_range_and_a_plausible_click_rate():
+  features, labels = _examples(np.arange(20000))
+  ids = features["cat_0"]
+  assert ids.min() >= 0 and ids.max() < 1000
+  assert np.mean(ids < 100) > 0.4  # Skewed: 10% of the vocabulary gets > 40% of traffic.
+  assert 0.2 < labels.mean() < 0.5
+  assert features["dense"].shape == (20000, 8)
+  assert abs(features["dense"].mean()) < 0.05 and abs(features["dense"].std() - 1) < 0.05
+
+
+def test_eval_parts_cover_the_eval_set_exactly_once():
+  config = ctr.CtrConfig(vocab_sizes=(50,), eval_examples=100)
+  fn = ctr.eval_dataset_fn(config, seed=1, batch_size=16)
+  whole = np.concatenate([f["dense"] for f, _ in fn(tf.distribute.InputContext())])
+  parts = [np.concatenate([f["dense"] for f, _ in fn(tf.distribute.InputContext(3, i))])
+           for i in range(3)]
+  assert whole.shape == (100, 8)
+  merged = np.concatenate(parts)
+  assert merged.shape == whole.shape
+  np.testing.assert_array_equal(np.sort(merged, axis=0), np.sort(whole, axis=0))
