@@ -34,16 +34,19 @@ import numpy as np
 import orbit
 import tensorflow as tf
 
+from cluster import spec as spec_lib
 from coordinator import api
 from coordinator import checkpoints
+from coordinator import evaluator as evaluator_lib
 from coordinator import experiment as experiment_lib
+from coordinator import loop_guard
 from coordinator import messages
 from coordinator import progress
 from coordinator import strategy as strategy_lib
-from coordinator import evaluator as evaluator_lib
 from coordinator import trainer as trainer_lib
+from recovery import control
 from recovery import errors
-from recovery import progress as progress_log_lib
+from recovery import interrupts as interrupts_lib
 
 
 # The value types live in coordinator.api; these names are the chief's API.
@@ -80,12 +83,13 @@ def _loop_size(step: int, steps_per_loop: int, checkpoint_interval: int) -> int:
 
 
 def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntime,
-           config: ChiefConfig):
+           config: ChiefConfig, pause):
   """The experiment's trainer/evaluator made PS-aware; None where the mode needs none."""
   trainer = experiment.trainer if config.mode != Mode.EVAL else None
   evaluator = experiment.evaluator if config.mode != Mode.TRAIN else None
   if isinstance(trainer, orbit.StandardTrainer) and not isinstance(trainer, trainer_lib.PSTrainer):
-    trainer = trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=config.steps_per_closure)
+    trainer = trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=config.steps_per_closure,
+                                    pause=pause)
   if isinstance(evaluator, orbit.StandardEvaluator):
     evaluator = evaluator_lib.PSEvaluator(evaluator, runtime, num_shards=config.eval_shards)
   return trainer, evaluator
@@ -134,14 +138,44 @@ def _classified_errors(phase: str):
         f"{phase} failed: {type(e).__name__}: {messages.one_line(e)}") from e
 
 
-def run_chief(config: ChiefConfig) -> ChiefResult:
+@contextlib.contextmanager
+def _control_channel(cluster: spec_lib.ClusterSpec, interrupts: interrupts_lib.Interrupts):
+  """Serves preemption notices of ps/workers for as long as the chief runs."""
+  address = control.control_address(cluster)
+  try:
+    server = control.ControlServer(address, interrupts.notice).start()
+  except (OSError, RuntimeError) as e:  # Not fatal: training works without notices.
+    logging.warning("control channel unavailable at %s (%s): preemption notices off", address, e)
+    yield
+    return
+  try:
+    yield
+  finally:
+    server.stop()
+
+
+def run_chief(config: ChiefConfig, *,
+              interrupts: interrupts_lib.Interrupts | None = None) -> ChiefResult:
   """Runs the chief to completion; see the module docstring.
+
+  Args:
+    config: what to run.
+    interrupts: where stop signals and ps/worker preemption notices arrive;
+      with them the chief serves the control channel, saves on a notice, and
+      on SIGTERM saves and raises `Preempted` (see `loop_guard`).
 
   Raises:
     UsageError: bad configuration, experiment or model_dir.
     PermanentError: user code failed, NaN loss, incompatible checkpoint.
     RetryableError: the cluster is unreachable or was lost.
+    Preempted: stopped by a signal after saving.
   """
+  interrupts = interrupts or interrupts_lib.Interrupts()
+  with _control_channel(config.cluster, interrupts):
+    return _run_chief(config, interrupts)
+
+
+def _run_chief(config: ChiefConfig, interrupts: interrupts_lib.Interrupts) -> ChiefResult:
   checkpoints.check_writable(config.model_dir)
   factory = experiment_lib.load_factory(config.experiment)
   runtime = strategy_lib.connect(config.cluster, ready_timeout=config.ready_timeout,
@@ -155,19 +189,21 @@ def run_chief(config: ChiefConfig) -> ChiefResult:
                                     partitioned=runtime.partitioned)
   _require_parts(config, experiment)
   with _classified_errors("preparing the experiment"):
-    trainer, evaluator = _adapt(experiment, runtime, config)
+    trainer, evaluator = _adapt(experiment, runtime, config, pause=lambda: interrupts.pending)
   global_step = experiment.global_step
   with runtime.strategy.scope():
     checkpoint = tf.train.Checkpoint(global_step=global_step, **experiment.checkpoint_items)
   manager = tf.train.CheckpointManager(
       checkpoint, config.model_dir, max_to_keep=config.max_to_keep,
       step_counter=global_step, checkpoint_interval=config.checkpoint_interval)
-  progress_log = progress_log_lib.ProgressLog(config.model_dir)
+  guard = loop_guard.LoopGuard(interrupts=interrupts, manager=manager,
+                               global_step=global_step, cluster=runtime.cluster,
+                               model_dir=config.model_dir)
   measured = None
   if trainer is not None:
     measured = progress.MeasuredTrainer(trainer, global_step, target=config.train_steps,
                                         batch_size=config.global_batch_size,
-                                        on_loop=progress_log.append)
+                                        on_loop=guard.after_loop)
 
   eval_output = None
   # orbit.Controller prints its log lines on stdout as well as logging them.
@@ -180,9 +216,9 @@ def run_chief(config: ChiefConfig) -> ChiefResult:
         checkpoint_manager=manager, summary_dir=config.model_dir,
         eval_summary_dir=os.path.join(config.model_dir, "eval"))
     start_step = int(global_step.numpy())
-    # For watchers (tfps chaos/bench): a coordinator started here, at this step
-    # (from a checkpoint, or from scratch at 0), whatever came before.
-    progress_log.append(start_step, restored=True)
+    # For watchers (tfps chaos/bench) and the event log: a coordinator started
+    # here, at this step (from a checkpoint, or from scratch at 0).
+    guard.account_restore(start_step)
     if config.mode == Mode.EVAL and controller.restored is None:
       raise errors.UsageError(
           f"mode (eval) needs a checkpoint; model_dir ({config.model_dir}) has none")

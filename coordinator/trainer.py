@@ -64,7 +64,8 @@ class PSTrainer(orbit.StandardTrainer):
   """
 
   def __init__(self, trainer: orbit.StandardTrainer, runtime: strategy_lib.PSRuntime, *,
-               steps_per_closure: int):
+               steps_per_closure: int, pause: Callable[[], bool] | None = None):
+    """`pause()` true: schedule no more closures this loop (an interrupt is pending)."""
     if not isinstance(trainer, orbit.StandardTrainer):
       raise errors.UsageError(
           f"PSTrainer wraps an orbit.StandardTrainer, got {type(trainer).__name__}")
@@ -75,6 +76,7 @@ class PSTrainer(orbit.StandardTrainer):
     self._trainer = trainer
     self._runtime = runtime
     self._steps_per_closure = steps_per_closure
+    self._pause = pause or (lambda: False)
     self.closures_scheduled = 0
     per_worker = tf.nest.map_structure(
         lambda d: datasets.per_worker_dataset(
@@ -116,6 +118,8 @@ class PSTrainer(orbit.StandardTrainer):
       # Traced in scope so that the trainer sees the strategy it was built in.
       with strategy.scope():
         for size in sizes:
+          if self._pause():
+            break  # Finish what runs (join below); the chief saves next.
           coordinator.schedule(closure, args=(iterator, tf.constant(size, tf.int32)))
           self.closures_scheduled += 1
       coordinator.join()

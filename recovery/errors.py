@@ -69,7 +69,8 @@ class RetryableError(TfpsError):
 class Preempted(RetryableError):
   """The process was asked to stop by a signal (SIGTERM/SIGINT)."""
 
-  def __init__(self, signum: int):
+  def __init__(self, signum: int, detail: str = ""):
     self.signum = signum
     self.exit_code = exit_code_for_signal(signum)
-    super().__init__(f"stopped by {signal.Signals(signum).name}")
+    suffix = f" ({detail})" if detail else ""
+    super().__init__(f"stopped by {signal.Signals(signum).name}{suffix}")

@@ -14,6 +14,7 @@ from cluster import spec as spec_lib
 from recovery import control
 from recovery import errors
 from recovery import events
+from recovery import interrupts
 from recovery import policy
 from recovery import supervisor
 from recovery import worker_watch
@@ -149,7 +150,7 @@ def _run_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCode:
       global_batch_size=flags.global_batch_size,
       seed=flags.seed,
       ready_timeout=flags.ready_timeout)
-  result = chief.run_chief(chief_config)
+  result = chief.run_chief(chief_config, interrupts=interrupts.Interrupts(stop))
   sys.stdout.write(json.dumps(result.as_dict()) + "\n")
   sys.stdout.flush()
   logging.info("chief finished: %s at step %d", result.status, result.global_step)

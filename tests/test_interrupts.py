@@ -1,0 +1,59 @@
+"""Interrupts: notices from other threads meet the training loop (no TF)."""
+
+import signal
+import threading
+
+import pytest
+
+from cluster import processes
+
+from recovery import control
+from recovery import interrupts
+from recovery import signals
+
+
+def test_a_notice_waits_for_the_loop_to_save_and_gets_the_step():
+  inbox = interrupts.Interrupts()
+  replies = []
+  waiter = threading.Thread(target=lambda: replies.append(
+      inbox.notice(control.Notice(task="ps:0", deadline_seconds=10))))
+  waiter.start()
+  processes.wait_until(lambda: inbox.pending, timeout=10, what="the notice to be queued")
+  assert not inbox.stop_requested
+  saves = []
+  answered = inbox.serve(lambda: saves.append(1) or (120, "/m/ckpt-120"))
+  waiter.join(10)
+  assert [n.task for n in answered] == ["ps:0"] and saves == [1]
+  assert replies == [control.Reply(saved=True, step=120, detail="saved /m/ckpt-120")]
+  assert not inbox.pending
+  assert inbox.serve(lambda: pytest.fail("no notice: no save")) == []
+
+
+def test_a_loop_that_never_serves_answers_not_saved_at_the_deadline():
+  reply = interrupts.Interrupts().notice(control.Notice(task="worker:1", deadline_seconds=0.2))
+  assert reply.saved is False and "deadline" in reply.detail
+
+
+def test_a_failed_save_is_reported_to_the_task_and_raised():
+  inbox = interrupts.Interrupts()
+  replies = []
+  waiter = threading.Thread(target=lambda: replies.append(
+      inbox.notice(control.Notice(task="ps:1", deadline_seconds=10))))
+  waiter.start()
+  processes.wait_until(lambda: inbox.pending, timeout=10, what="the notice to be queued")
+
+  def broken_save():
+    raise OSError("disk full")
+
+  with pytest.raises(OSError, match="disk full"):
+    inbox.serve(broken_save)
+  waiter.join(10)
+  assert replies[0].saved is False and "disk full" in replies[0].detail
+
+
+def test_stop_signal_is_pending():
+  stop = signals.StopSignals()
+  inbox = interrupts.Interrupts(stop)
+  assert not inbox.pending
+  stop._handle(signal.SIGTERM, None)
+  assert inbox.pending and inbox.stop_requested and inbox.stop_signal == signal.SIGTERM
