@@ -221,7 +221,9 @@ class LocalCluster:
       return
     self._closed = True
     atexit.unregister(self.close)
-    for handle in self.tasks.values():
+    # The chief first: ps/workers stopped under a live chief would warn it and
+    # wait for a checkpoint save.
+    for handle in sorted(self.tasks.values(), key=lambda h: h.task.job != JobType.CHIEF):
       handle.stop(grace=3.0)
     if self.network is not None:
       self.network.close()

@@ -73,6 +73,7 @@ _CONTINUATION = re.compile(
     r"^(?:\s*$|Additional GRPC error information|:\w+:Error received from peer"
     r"|To enable the following instructions|It is treated as a transient"
     r"|Graph execution error:|\s*failed to connect to all addresses|\s*\{"
+    r"|This could happen if the remote target has been disconnected"
     # Protobuf text (e.g. a session config TF dumps after its header line).
     r"|\s*[a-z_]+ \{$|\s*\}$|\s*[a-z_]+: \S.*$)")
 # A gRPC record longer than this is cut: its summary is emitted, the rest dropped.
@@ -115,8 +116,8 @@ class LogSummarizer:
     if _STARTUP_NOISE.search(message):
       self._dropping = True
       return out
-    if _GRPC_CODE.search(message):
-      self._record = [message]
+    if _GRPC_CODE.search(message) or any(p.search(message) for _, p in _REASONS):
+      self._record = [message]  # Its status code may come on a later line.
       return out
     return out + [line]
 
@@ -129,7 +130,8 @@ class LogSummarizer:
     return self._grpc_event(text, now)
 
   def _grpc_event(self, text: str, now: float) -> list[str]:
-    code = _GRPC_CODES[_GRPC_CODE.search(text).group(1)]
+    found = _GRPC_CODE.search(text)
+    code = _GRPC_CODES[found.group(1)] if found else "UNKNOWN"
     peer = _peer(text)
     reason = next((name for name, pattern in _REASONS if pattern.search(text)), "")
     key = (code, peer)

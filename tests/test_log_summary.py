@@ -102,3 +102,16 @@ def test_filter_forwards_a_line_while_the_process_keeps_running():
   finally:
     child.kill()
     child.wait(10)
+
+
+def test_records_whose_status_comes_on_a_later_line():
+  """Real capture: TF failing to register a function on a dead worker."""
+  path = os.path.join(os.path.dirname(__file__), "data",
+                      "worker_down_function_registration_stderr.txt")
+  with open(path) as f:
+    lines = f.readlines()
+  out = feed_all(log_summary.LogSummarizer(), lines)
+  grpc = [l for l in out if l.startswith("grpc: ")]
+  assert grpc == ["grpc: UNAVAILABLE from worker:1 (127.0.0.1:43359): connection refused"]
+  assert not any("Additional GRPC" in l or "could happen" in l for l in out)
+  assert any("progress.py" in l for l in out)  # Our own lines pass.
