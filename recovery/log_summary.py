@@ -33,9 +33,9 @@ from typing import Callable
 # glog/absl (C++ and Python): "E1121 12:00:00.123456 1234 file.py:123] message"
 # Python logging's default: "ERROR:tensorflow:message"
 _HEADER = re.compile(
-    r"^(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] \S+\] "
-    r"|[IWEF]\d{4} [\d:.]+\s+\d+ \S+\] "
-    r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]+:)(.*)$")
+    r"^(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] (?P<cc>\S+):\d+\] "
+    r"|[IWEF]\d{4} [\d:.]+\s+\d+ (?P<source>\S+):\d+\] "
+    r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):(?P<logger>[\w.]+):)(?P<message>.*)$")
 _GRPC_CODES = {
     "UNAVAILABLE": "UNAVAILABLE", "Unavailable": "UNAVAILABLE", "UnavailableError": "UNAVAILABLE",
     "DEADLINE_EXCEEDED": "DEADLINE_EXCEEDED", "DeadlineExceeded": "DEADLINE_EXCEEDED",
@@ -112,11 +112,12 @@ class LogSummarizer:
     self._dropping = False
     if header is None:
       return out + ([] if _STARTUP_NOISE.search(line) else [line])
-    message = header.group(1)
+    message = header.group("message")
     if _STARTUP_NOISE.search(message):
       self._dropping = True
       return out
-    if _GRPC_CODE.search(message) or any(p.search(message) for _, p in _REASONS):
+    if _GRPC_CODE.search(message) or (
+        _from_tensorflow(header) and any(p.search(message) for _, p in _REASONS)):
       self._record = [message]  # Its status code may come on a later line.
       return out
     return out + [line]
@@ -144,6 +145,12 @@ class LogSummarizer:
     self._events[key] = _Event(last_shown=now)
     detail = f": {reason}" if reason else ""
     return [f"grpc: {code} from {peer}{detail}{repeats}"]
+
+
+def _from_tensorflow(header: re.Match) -> bool:
+  """A record TF wrote (C++ source or the `tensorflow` logger), not one of ours."""
+  source = header.group("cc") or header.group("source") or ""
+  return source.endswith((".cc", ".h")) or header.group("logger") == "tensorflow"
 
 
 def _peer(text: str) -> str:

@@ -32,7 +32,7 @@ def test_malformed_tf_config_exits_2_with_one_line(tfps):
      "--cluster_spec: cannot read '/nonexistent/spec.json'"),
     (["run", "--task_index=x"], {}, "flag --task_index=x"),
     (["run", "--no_such_flag"], {}, "Unknown command line flag 'no_such_flag'"),
-    (["fly"], {}, "command: expected one of run, local, chaos, k8s, got 'fly'"),
+    (["fly"], {}, "command: expected one of run, local, chaos, k8s, bench, got 'fly'"),
     (["run", "--mode=sideways"], {}, "flag --mode=sideways"),
 ])
 def test_bad_usage(tfps, args, env, expected):

@@ -115,3 +115,9 @@ def test_records_whose_status_comes_on_a_later_line():
   assert grpc == ["grpc: UNAVAILABLE from worker:1 (127.0.0.1:43359): connection refused"]
   assert not any("Additional GRPC" in l or "could happen" in l for l in out)
   assert any("progress.py" in l for l in out)  # Our own lines pass.
+
+
+def test_our_own_lines_about_unreachable_tasks_are_not_taken_for_grpc_records():
+  ours = ("W1122 01:10:41.0 140444550441856 supervisor.py:207] worker:1 unreachable for 20s: "
+          "saving and restarting the coordinator without it")
+  assert feed_all(log_summary.LogSummarizer(), [ours]) == [ours]

@@ -1,0 +1,442 @@
+"""End to end through the command line: `tfps local` and the chief's `tfps run`.
+
+Real processes, real clusters in a private network, every wait bounded. The
+two `tfps local` runs (train, then resume with more steps) are shared by the
+module: each costs a TensorFlow import per task (~7 s on 2 cores).
+
+Bad input goes through the same binaries: each case must end with one
+`tfps: error:` line and a permanent exit code (2 usage, 1 permanent), promptly,
+with the coordinator started once (the supervisor and `tfps local` do not
+restart permanent failures).
+"""
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from cluster import local
+from cluster import processes
+from cluster import spec as spec_lib
+
+pytestmark = pytest.mark.cluster
+
+TFPS = [sys.executable, "-m", "tfps"]
+CHIEF = spec_lib.TaskId(spec_lib.JobType.CHIEF, 0)
+
+# Small and quick on 2 cores: ~25 s per `tfps local` run, most of it imports.
+TRAIN_STEPS, RESUMED_STEPS = 200, 300
+LOCAL_FLAGS = ["--num_ps=1", "--num_workers=2", "--steps_per_loop=50",
+               "--checkpoint_interval=100", "--seed=0"]
+# A run that does not end within this is hung (a clean run takes ~30 s).
+RUN_TIMEOUT = 240
+# A permanent failure must end about as fast as the coordinator can start
+# (~10 s: TF import, connect, build); one restart would add another start and
+# the supervisor's cluster wait.
+PROMPT_SECONDS = 60
+# The ctr AUC after 200 steps of batch 512, seed 0, 1 ps and 2 workers:
+# 0.779, 0.77x, 0.77x over repeated runs (asynchronous training varies a
+# little); one step of training gives ~0.6x; the dense features alone allow
+# 0.74 and the hidden true model 0.845 (coordinator/ctr.py). Above 0.76 the
+# model has learnt from the categorical embeddings too, not just the dense
+# features.
+MIN_AUC = 0.76
+# Predicting the 35% click rate everywhere gives a log loss of 0.65.
+MAX_LOSS = 0.60
+_PROGRESS = re.compile(r"step (\d+)/(\d+) \|.*examples/s.*ETA")
+_RESTORED = re.compile(r"restored (\S+) at step (\d+)")
+
+
+# --- processes of a run ---------------------------------------------------------------
+
+def _cmdline(pid: str) -> str:
+  try:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+      return f.read().replace(b"\0", b" ").decode(errors="replace")
+  except OSError:
+    return ""
+
+
+def _alive(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rpartition(")")[2].split()[0] != "Z"
+  except OSError:
+    return False
+
+
+def _pids_mentioning(text: str) -> set[int]:
+  """Live processes whose command line contains `text` (e.g. a run's model_dir)."""
+  return {int(p) for p in os.listdir("/proc")
+          if p.isdigit() and int(p) != os.getpid() and text in _cmdline(p) and _alive(int(p))}
+
+
+def _netns(pid: int | str) -> int | None:
+  try:
+    return os.stat(f"/proc/{pid}/ns/net").st_ino
+  except OSError:
+    return None
+
+
+def _processes_in(namespaces: set[int]) -> set[int]:
+  return {int(p) for p in os.listdir("/proc") if p.isdigit() and _netns(p) in namespaces}
+
+
+def _listening_ports_anywhere() -> set[int]:
+  """TCP ports in LISTEN state in every network namespace that has a process."""
+  ports, seen = set(), set()
+  for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+    namespace = _netns(pid)
+    if namespace is None or namespace in seen:
+      continue
+    seen.add(namespace)
+    for table in ("tcp", "tcp6"):
+      try:
+        with open(f"/proc/{pid}/net/{table}") as f:
+          rows = f.read().splitlines()[1:]
+      except OSError:
+        continue
+      for row in rows:
+        fields = row.split()
+        if fields[3] == "0A":  # TCP_LISTEN
+          ports.add(int(fields[1].rpartition(":")[2], 16))
+  return ports
+
+
+@dataclasses.dataclass
+class LocalRun:
+  """What one `tfps local` run printed and which processes it had."""
+
+  code: int
+  stdout: str
+  stderr: str
+  seconds: float
+  pids: dict[int, str]  # Every process that named model_dir, with its command line.
+  namespaces: set[int]  # Network namespaces its processes ran in (not ours).
+  ports: set[int]       # From model_dir/cluster.json.
+
+  @property
+  def result(self) -> dict:
+    lines = self.stdout.splitlines()
+    assert len(lines) == 1, f"stdout must be one JSON line, got {self.stdout!r}"
+    return json.loads(lines[0])
+
+
+def _run_local(model_dir: str, flags, *, timeout: float = RUN_TIMEOUT) -> LocalRun:
+  """Runs `tfps local` to the end, noting every process that names `model_dir`."""
+  env = dict(os.environ)
+  env.pop("TF_CONFIG", None)
+  os.makedirs(model_dir, exist_ok=True)
+  out_path, err_path = model_dir + ".stdout", model_dir + ".stderr"
+  own_namespace = _netns("self")
+  start = time.monotonic()
+  with open(out_path, "w") as out, open(err_path, "w") as err:
+    process = subprocess.Popen(TFPS + ["local", f"--model_dir={model_dir}", *flags],
+                               stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
+                               start_new_session=True)
+  pids, namespaces = {}, set()
+  try:
+    while process.poll() is None:
+      if time.monotonic() - start > timeout:
+        raise TimeoutError(f"tfps local still running after {timeout}s; see {err_path}")
+      for pid in _pids_mentioning(model_dir) - set(pids):
+        pids[pid] = _cmdline(str(pid))
+        namespaces.add(_netns(pid))
+      time.sleep(0.2)
+  finally:
+    if process.poll() is None:
+      processes.stop_group(process, grace=10)  # Its children die with it (pdeathsig).
+  seconds = time.monotonic() - start
+  with open(out_path) as out, open(err_path) as err:
+    stdout, stderr = out.read(), err.read()
+  with open(os.path.join(model_dir, "cluster.json")) as f:
+    addresses = [a for hosts in json.load(f)["cluster"].values() for a in hosts]
+  return LocalRun(code=process.returncode, stdout=stdout, stderr=stderr, seconds=seconds,
+                  pids=pids, namespaces=namespaces - {own_namespace, None},
+                  ports={int(a.rpartition(":")[2]) for a in addresses})
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("e2e") / "model")
+
+
+@pytest.fixture(scope="module")
+def first_run(model_dir):
+  return _run_local(model_dir, LOCAL_FLAGS + [f"--train_steps={TRAIN_STEPS}"])
+
+
+@pytest.fixture(scope="module")
+def resumed_run(model_dir, first_run):
+  assert first_run.code == 0, first_run.stderr[-3000:]
+  return _run_local(model_dir, LOCAL_FLAGS + [f"--train_steps={RESUMED_STEPS}"])
+
+
+def _check_finished(run: LocalRun, model_dir: str, train_steps: int) -> dict:
+  assert run.code == 0, run.stderr[-3000:]
+  result = run.result
+  assert result["status"] == "finished"
+  assert result["global_step"] >= train_steps
+  assert result["examples_per_sec"] > 0
+  assert set(result["eval"]) >= {"auc", "loss"}
+  assert result["restarts"] == 0 and result.get("task_restarts", 0) == 0, result
+  # Checkpoints are numbered with the step they hold; the last is the final step.
+  assert result["checkpoint"] == os.path.join(model_dir, f"ckpt-{result['global_step']}")
+  assert os.path.exists(result["checkpoint"] + ".index")
+  return result
+
+
+def test_local_trains_to_the_end_and_prints_one_json_line(first_run, model_dir):
+  result = _check_finished(first_run, model_dir, TRAIN_STEPS)
+  assert result["start_step"] == 0
+  assert "restored" not in first_run.stderr
+
+
+def test_local_reports_progress_on_stderr(first_run):
+  progress = [(int(m[1]), int(m[2])) for m in _PROGRESS.finditer(first_run.stderr)]
+  # One line per loop of 50 steps.
+  assert len(progress) >= TRAIN_STEPS // 50, first_run.stderr[-3000:]
+  steps = [step for step, _ in progress]
+  assert steps == sorted(steps) and steps[-1] == first_run.result["global_step"]
+  assert {target for _, target in progress} == {TRAIN_STEPS}
+
+
+def test_ctr_learns_through_the_command_line(first_run, resumed_run):
+  for run in (first_run, resumed_run):
+    metrics = run.result["eval"]
+    assert metrics["auc"] > MIN_AUC, metrics
+    assert metrics["loss"] < MAX_LOSS, metrics
+
+
+def _check_nothing_left(run: LocalRun, model_dir: str) -> None:
+  assert run.pids, "saw no process of the run (the /proc scan found nothing)"
+  left = {pid for pid in run.pids if _alive(pid) and model_dir in _cmdline(str(pid))}
+  assert not left, {pid: _cmdline(str(pid)) for pid in left}
+  assert not _pids_mentioning(model_dir)
+  # The private network: no process is left in it (so the kernel frees it)...
+  assert not _processes_in(run.namespaces)
+  # ...and no port of the cluster listens in any namespace that still exists.
+  assert not run.ports & _listening_ports_anywhere()
+
+
+def test_local_leaves_no_process_and_no_socket(first_run, model_dir):
+  assert first_run.code == 0, first_run.stderr[-3000:]
+  # The scan saw every task, the chief's supervisor and its coordinator live.
+  roles = sorted(re.search(r"--job_name=(\w+)", c)[1] + (
+      "+coordinator" if "--nosupervise" in c else "")
+      for c in first_run.pids.values() if " run " in c and "--job_name=" in c)
+  assert roles == ["chief", "chief+coordinator", "ps", "worker", "worker"], first_run.pids
+  assert first_run.namespaces or "NOT ISOLATED" in first_run.stderr
+  _check_nothing_left(first_run, model_dir)
+
+
+def test_local_resumes_from_the_checkpoint_with_more_steps(first_run, resumed_run, model_dir):
+  first = first_run.result
+  result = _check_finished(resumed_run, model_dir, RESUMED_STEPS)
+  restored = _RESTORED.findall(resumed_run.stderr)
+  assert restored == [(first["checkpoint"], str(first["global_step"]))], restored
+  assert result["start_step"] == first["global_step"]
+  progress = [int(m[1]) for m in _PROGRESS.finditer(resumed_run.stderr)]
+  assert progress and progress[0] > first["global_step"]  # No step trained twice.
+  _check_nothing_left(resumed_run, model_dir)
+
+
+# --- bad input ---------------------------------------------------------------------------
+
+FACTORIES = textwrap.dedent('''
+    """Experiment factories for tests/test_e2e_local.py: two broken, one tiny and fine."""
+    import orbit
+    import tensorflow as tf
+    import tf_keras
+
+    from coordinator import experiment
+
+
+    def raises(context):
+      raise RuntimeError("the factory failed on purpose")
+
+
+    def wrong_type(context):
+      return {"trainer": None}
+
+
+    class _TinyTrainer(orbit.StandardTrainer):
+      def __init__(self, model, optimizer, global_step):
+        self.strategy = tf.distribute.get_strategy()
+        self.model, self.optimizer, self.global_step = model, optimizer, global_step
+        super().__init__(lambda context: tf.data.Dataset.from_tensors(
+            (tf.ones([8, 4]), tf.ones([8, 1]))).repeat())
+
+      def train_step(self, iterator):
+        def step_fn(inputs):
+          x, y = inputs
+          with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(self.model(x) - y))
+          grads = tape.gradient(loss, self.model.trainable_variables)
+          self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+
+        self.strategy.run(step_fn, args=(next(iterator),))
+        self.global_step.assign_add(1)
+
+
+    def tiny(context):
+      """A linear model: a valid experiment whose checkpoint ctr cannot use."""
+      model = tf_keras.Sequential([tf_keras.layers.Dense(1)])
+      model.build((None, 4))
+      optimizer = tf_keras.optimizers.SGD(0.1)
+      step = orbit.utils.create_global_step()
+      return experiment.Experiment(trainer=_TinyTrainer(model, optimizer, step), evaluator=None,
+                                   checkpoint_items={"model": model, "optimizer": optimizer},
+                                   global_step=step)
+''')
+
+
+@dataclasses.dataclass
+class Finished:
+  code: int
+  stdout: str
+  stderr: str
+  seconds: float
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+  config = local.LocalClusterConfig(num_ps=1, num_workers=1,
+                                    work_dir=str(tmp_path_factory.mktemp("bad-input")))
+  with local.LocalCluster(config) as running:
+    yield running
+
+
+@pytest.fixture(scope="module")
+def factories_dir(tmp_path_factory):
+  path = tmp_path_factory.mktemp("factories")
+  (path / "e2e_factories.py").write_text(FACTORIES)
+  return str(path)
+
+
+def _run_chief(cluster: local.LocalCluster, flags, *, pythonpath: str,
+               timeout: float = RUN_TIMEOUT) -> Finished:
+  """The chief's `tfps run` (supervisor + coordinator) inside the cluster's network."""
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      p for p in (pythonpath, os.environ.get("PYTHONPATH")) if p))
+  env.pop("TF_CONFIG", None)
+  start = time.monotonic()
+  process = cluster.spawn(cluster.task_argv(CHIEF, flags), task=CHIEF, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  try:
+    stdout, stderr = process.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    processes.stop_group(process, grace=5)  # The coordinator dies with it (pdeathsig).
+    stdout, stderr = process.communicate(timeout=10)
+    pytest.fail(f"tfps run (chief) {flags} hung for {timeout}s:\n{stderr.decode()[-3000:]}")
+  finally:
+    if process.poll() is None:
+      processes.stop_group(process, grace=0)
+  return Finished(process.returncode, stdout.decode(), stderr.decode(),
+                  time.monotonic() - start)
+
+
+def _error_line(run: Finished) -> str:
+  """The run's one error line; no traceback, no JSON result."""
+  errors = [line for line in run.stderr.splitlines() if line.startswith("tfps: error: ")]
+  assert len(errors) == 1, run.stderr[-3000:]
+  assert "Traceback" not in run.stderr, run.stderr[-3000:]
+  assert run.stdout == ""
+  return errors[0][len("tfps: error: "):]
+
+
+def _check_given_up_at_once(run: Finished, model_dir: str) -> None:
+  """The supervisor started the coordinator once, recorded the failure, gave up."""
+  assert run.seconds < PROMPT_SECONDS, run.seconds
+  assert run.stderr.count("starting coordinator (attempt") == 1, run.stderr[-3000:]
+  with open(os.path.join(model_dir, "events.jsonl")) as f:
+    events = [json.loads(line) for line in f]
+  assert [e["kind"] for e in events] == ["failure", "action"], events
+  assert events[1]["action"] == "give_up"
+
+
+@pytest.mark.parametrize("flags, code, message", [
+    (["--experiment=no_such_experiment"], 2,
+     "experiment 'no_such_experiment' is unknown (built-in: ctr;"),
+    (["--experiment=e2e_factories:raises"], 1,
+     "experiment factory 'e2e_factories:raises' raised RuntimeError: "
+     "the factory failed on purpose"),
+    (["--experiment=e2e_factories:wrong_type"], 2,
+     "experiment factory 'e2e_factories:wrong_type' returned dict, "
+     "expected coordinator.experiment.Experiment"),
+    (["--train_steps=-1"], 2, "train_steps (-1) must be a positive integer"),
+], ids=["unknown_experiment", "factory_raises", "factory_wrong_type", "negative_train_steps"])
+def test_chief_bad_input_is_one_line_and_permanent(cluster, factories_dir, tmp_path,
+                                                   flags, code, message):
+  model_dir = str(tmp_path / "model")
+  run = _run_chief(cluster, [f"--model_dir={model_dir}", *flags], pythonpath=factories_dir)
+  assert run.code == code, run.stderr[-3000:]
+  assert message in _error_line(run)
+  _check_given_up_at_once(run, model_dir)
+
+
+def test_checkpoint_of_an_incompatible_model_is_permanent(cluster, factories_dir, tmp_path):
+  model_dir = str(tmp_path / "model")
+  tiny = _run_chief(cluster, [f"--model_dir={model_dir}", "--experiment=e2e_factories:tiny",
+                              "--mode=train", "--train_steps=5", "--steps_per_loop=5",
+                              "--checkpoint_interval=5"], pythonpath=factories_dir)
+  assert tiny.code == 0, tiny.stderr[-3000:]
+  checkpoint = json.loads(tiny.stdout)["checkpoint"]
+  assert checkpoint == os.path.join(model_dir, "ckpt-5")
+  assert not os.path.exists(os.path.join(model_dir, "events.jsonl"))  # No failure so far.
+  saved = _checkpoint_files(model_dir)
+
+  run = _run_chief(cluster, [f"--model_dir={model_dir}", "--experiment=ctr", "--mode=train",
+                             "--train_steps=10"], pythonpath=factories_dir)
+  assert run.code == 1, run.stderr[-3000:]
+  assert _error_line(run).startswith(f"checkpoint {checkpoint} does not fit experiment 'ctr'")
+  _check_given_up_at_once(run, model_dir)
+  assert _checkpoint_files(model_dir) == saved  # The other model's checkpoint is untouched.
+
+
+def _checkpoint_files(model_dir: str) -> dict[str, int]:
+  return {name: os.stat(os.path.join(model_dir, name)).st_mtime_ns
+          for name in os.listdir(model_dir) if name.startswith(("ckpt-", "checkpoint"))}
+
+
+def _local(args, timeout=RUN_TIMEOUT) -> Finished:
+  env = dict(os.environ)
+  env.pop("TF_CONFIG", None)
+  start = time.monotonic()
+  try:
+    done = subprocess.run(TFPS + ["local", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+  except subprocess.TimeoutExpired as e:  # run() killed it; its cluster dies with it.
+    pytest.fail(f"tfps local {args} hung for {timeout}s:\n{(e.stderr or b'')[-3000:]!r}")
+  return Finished(done.returncode, done.stdout, done.stderr, time.monotonic() - start)
+
+
+def test_local_with_unwritable_model_dir_fails_before_starting(tmp_path):
+  blocker = tmp_path / "a_file"
+  blocker.write_text("not a directory")
+  run = _local([f"--model_dir={blocker}/model", "--num_ps=1", "--num_workers=1"], timeout=60)
+  assert run.code == 2, run.stderr
+  assert _error_line(run).startswith(f"--model_dir: cannot create '{blocker}/model'")
+  assert run.seconds < 20  # No cluster was started (that alone takes longer).
+  assert not _pids_mentioning(str(blocker))
+
+
+def test_local_with_zero_train_steps_is_a_usage_error(tmp_path):
+  model_dir = str(tmp_path / "model")
+  run = _local([f"--model_dir={model_dir}", "--train_steps=0", "--num_ps=1",
+                "--num_workers=1"])
+  assert run.code == 2, run.stderr[-3000:]
+  assert "train_steps (0) must be a positive integer" in _error_line(run)
+  assert run.seconds < PROMPT_SECONDS + 30  # Includes starting the local cluster.
+  # Neither the supervisor nor tfps local restarted anything.
+  assert run.stderr.count("starting coordinator (attempt") == 1, run.stderr[-3000:]
+  with open(os.path.join(model_dir, "logs", "chief-0.log")) as f:
+    assert sum(line.startswith("--- start #") for line in f) == 1
+  assert not _pids_mentioning(model_dir)

@@ -1,0 +1,286 @@
+"""The failure matrix (DESIGN.md), one row per test, with real processes and signals.
+
+A LocalCluster (1 ps, 2 workers) and one supervised chief (`tfps run`,
+training the small ctr without end) are shared by the row tests, which run
+in file order; each injects one fault, checks how training came back from
+the progress log (`progress.jsonl`: one record per loop, a `restored` one
+per coordinator start) and the event log, and leaves every task running.
+Every wait is bounded.
+"""
+
+import os
+import signal
+import sys
+
+import pytest
+
+from cluster import local
+from cluster import processes
+from cluster import spec as spec_lib
+from recovery import events as events_lib
+from recovery import policy
+from recovery import progress as progress_lib
+
+pytestmark = pytest.mark.cluster
+
+SMALL_CTR = "vocab_sizes=3000:2000:1000,embedding_dim=8,hidden=32:16,eval_examples=2048"
+CHECKPOINT_INTERVAL = 200
+# Long enough for a killed worker to restart on a loaded 2-core machine.
+WORKER_TIMEOUT = 45
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class Run:
+  """A supervised chief training without end, and what it has written."""
+
+  def __init__(self, cluster: local.LocalCluster, model_dir: str, *extra_flags: str,
+               experiment: str = "ctr", params: str = SMALL_CTR):
+    os.makedirs(model_dir, exist_ok=True)
+    self.cluster = cluster
+    self.model_dir = model_dir
+    self.chief = cluster.add_chief(
+        [f"--model_dir={model_dir}", f"--experiment={experiment}",
+         f"--experiment_params={params}", "--mode=train", "--train_steps=10000000",
+         "--steps_per_loop=50", f"--checkpoint_interval={CHECKPOINT_INTERVAL}",
+         "--global_batch_size=128", f"--worker_timeout={WORKER_TIMEOUT}",
+         "--grace_seconds=20", *extra_flags],
+        stdout_path=os.path.join(model_dir, "chief.stdout"))
+    # Every chief of the cluster appends to one log: read only from here on.
+    self._log_offset = (os.path.getsize(self.chief.log_path)
+                        if os.path.exists(self.chief.log_path) else 0)
+    self._progress = progress_lib.ProgressLog(model_dir)
+    self.records: list[progress_lib.Progress] = []
+
+  def poll(self) -> list[progress_lib.Progress]:
+    new = self._progress.read_new()
+    self.records += new
+    return new
+
+  @property
+  def step(self) -> int:
+    """The last step a loop reached (restores not counted)."""
+    self.poll()
+    trained = [r.step for r in self.records if not r.restored]
+    return trained[-1] if trained else 0
+
+  @property
+  def restores(self) -> list[progress_lib.Progress]:
+    self.poll()
+    return [r for r in self.records if r.restored]
+
+  def wait_for_step(self, step: int, timeout: float = 120) -> int:
+    """Waits until a loop ends past `step`; fails early if the chief died."""
+    def reached():
+      if not self.chief.alive:
+        raise AssertionError(f"chief exited with {self.chief.returncode}; see "
+                             f"{self.chief.log_path}")
+      return self.step > step
+    processes.wait_until(reached, timeout=timeout, what=f"training past step {step}")
+    return self.step
+
+  def events(self) -> list[events_lib.Event]:
+    return events_lib.EventLog(self.model_dir).read()
+
+  def log(self) -> str:
+    with open(self.chief.log_path, "rb") as f:
+      f.seek(self._log_offset)
+      return f.read().decode("utf-8", errors="replace")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+  config = local.LocalClusterConfig(num_ps=1, num_workers=2,
+                                    work_dir=str(tmp_path_factory.mktemp("recovery")))
+  with local.LocalCluster(config) as running:
+    yield running
+
+
+@pytest.fixture(scope="module")
+def run(cluster):
+  training = Run(cluster, os.path.join(cluster.work_dir, "model"))
+  training.chief.start()
+  training.wait_for_step(0, timeout=180)
+  yield training
+
+
+@pytest.fixture(autouse=True)
+def _healthy(request):
+  """Row tests start with every task up and the chief training."""
+  if "run" in request.fixturenames:
+    training = request.getfixturevalue("run")
+    training.cluster.wait_ready(timeout=60)
+    if not training.chief.alive:
+      training.chief.start()
+    training.wait_for_step(training.step, timeout=180)
+  yield
+
+
+def _cpu_seconds(pid: int) -> float:
+  with open(f"/proc/{pid}/stat") as f:
+    fields = f.read().rpartition(")")[2].split()
+  return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_worker_killed_and_restarted_training_goes_on(run):
+  worker = run.cluster.worker(1)
+  restores = len(run.restores)
+  step = run.step
+  worker.kill(signal.SIGKILL)
+  assert worker.wait(timeout=10) == -signal.SIGKILL
+  worker.start()  # Back within --worker_timeout: TF re-admits it by itself.
+  run.cluster.wait_ready([worker.task], timeout=60)
+  cpu = _cpu_seconds(worker.pid)
+  run.wait_for_step(run.step + 300, timeout=120)
+  # Re-admitted: the returning worker runs closures again.
+  assert _cpu_seconds(worker.pid) - cpu > 0.5
+  assert len(run.restores) == restores  # No coordinator restart.
+  # Logged readably: a few summary lines, none of TF's raw gRPC records.
+  lines = [l for l in run.log().splitlines() if l.startswith("grpc: ") and "worker:1" in l]
+  assert 1 <= len(lines) <= 3, lines
+  assert "Additional GRPC error information" not in run.log()
+
+
+def test_ps_killed_and_restarted_restores_the_last_checkpoint(run):
+  ps = run.cluster.ps(0)
+  restores = len(run.restores)
+  step = run.step
+  ps.kill(signal.SIGKILL)
+  assert ps.wait(timeout=10) == -signal.SIGKILL
+  processes.wait_until(lambda: any(e.failure == policy.FailureKind.PS_LOST.value
+                                   for e in run.events()), timeout=60,
+                       what="the supervisor to record the ps loss")
+  ps.start()
+  run.wait_for_step(step, timeout=180)
+  restored = run.restores[restores]
+  lost = step - restored.step
+  assert 0 <= lost <= CHECKPOINT_INTERVAL, (step, restored)
+  assert restored.step % CHECKPOINT_INTERVAL == 0  # A checkpoint, not a guess.
+  actions = [e.action for e in run.events() if e.kind == "action"]
+  assert policy.Action.WAIT_AND_RESTART.value in actions
+  if lost:
+    reported = [e.steps_lost for e in run.events() if e.kind == "recovered" and e.steps_lost]
+    assert reported and reported[-1] <= lost
+
+
+def test_ps_preempted_with_notice_loses_no_steps(run):
+  ps = run.cluster.ps(0)
+  restores = len(run.restores)
+  ps.kill(signal.SIGTERM)
+  assert ps.wait(timeout=30) == 143
+  step_at_exit = run.step
+  ps.start()
+  run.wait_for_step(step_at_exit, timeout=180)
+  restored = run.restores[restores]
+  assert restored.step == step_at_exit  # Saved on the notice, restored exactly there.
+  notice = [e for e in run.events() if e.failure == policy.FailureKind.TASK_NOTICE.value]
+  assert notice and notice[-1].task == "ps:0" and notice[-1].step == step_at_exit
+  with open(ps.log_path) as f:
+    assert "ps:0: chief saved a checkpoint" in f.read()
+
+
+def test_worker_preempted_with_notice_is_answered_and_training_goes_on(run):
+  worker = run.cluster.worker(0)
+  restores = len(run.restores)
+  worker.kill(signal.SIGTERM)
+  assert worker.wait(timeout=30) == 143
+  with open(worker.log_path) as f:
+    assert "worker:0: chief saved a checkpoint" in f.read()
+  run.wait_for_step(run.step + 100, timeout=60)
+  worker.start()
+  assert len(run.restores) == restores
+
+
+def test_chief_preempted_saves_and_exits_143_then_resumes_exactly(run):
+  run.chief.kill(signal.SIGTERM)
+  assert run.chief.wait(timeout=60) == 143
+  step = run.step
+  restores = len(run.restores)
+  run.chief.start()
+  run.wait_for_step(step, timeout=180)
+  assert run.restores[restores].step == step  # Zero steps lost.
+  saved = [e for e in run.events() if e.action == policy.Action.SAVE_AND_EXIT.value]
+  assert saved and saved[-1].step == step
+
+
+def test_chief_killed_resumes_from_the_latest_checkpoint(run):
+  step = run.step
+  restores = len(run.restores)
+  run.chief.kill(signal.SIGKILL)
+  assert run.chief.wait(timeout=10) == -signal.SIGKILL
+  run.chief.start()  # As an orchestrator would; ps and workers kept running.
+  run.wait_for_step(step, timeout=180)
+  restored = run.restores[restores]
+  assert 0 <= step - restored.step <= CHECKPOINT_INTERVAL
+
+
+def test_worker_that_never_returns_is_left_out_then_taken_back(run):
+  worker = run.cluster.worker(1)
+  restores = len(run.restores)
+  worker.kill(signal.SIGKILL)
+  worker.wait(timeout=10)
+  gone = lambda: [e for e in run.events() if e.failure == policy.FailureKind.WORKER_GONE.value]
+  processes.wait_until(lambda: gone(), timeout=WORKER_TIMEOUT + 30,
+                       what="the worker watch to leave worker:1 out")
+  assert gone()[-1].task == "worker:1"
+  processes.wait_until(lambda: len(run.restores) > restores, timeout=60,
+                       what="the coordinator to restart without worker:1")
+  left_out = run.restores[restores]
+  run.wait_for_step(left_out.step + 100, timeout=180)  # Trains on without it...
+  assert "without worker:1" in run.log()
+  # It saved before restarting: nothing lost.
+  assert left_out.step == max(r.step for r in run.records[:run.records.index(left_out)])
+  worker.start()  # ...and takes it back when it answers again.
+  processes.wait_until(lambda: "restarting with worker:1" in " ".join(
+      e.detail for e in run.events()), timeout=60, what="worker:1 to be taken back")
+  run.wait_for_step(run.step + 100, timeout=180)
+
+
+def _stop_chief(cluster):
+  """The row tests' chief must not share the cluster with another one."""
+  chief = cluster.tasks.get(spec_lib.TaskId(spec_lib.JobType.CHIEF, 0))
+  if chief is not None:
+    chief.stop(grace=30)
+
+
+def test_killed_during_a_checkpoint_save_restores_the_last_complete_one(cluster, tmp_path):
+  _stop_chief(cluster)
+  marker = tmp_path / "saving"
+  env = os.environ.get("PYTHONPATH", "")
+  os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS_DIR, env]))
+  try:
+    blocked = Run(cluster, str(tmp_path / "model"), experiment="fault_experiments:blocking_save",
+                  params=f"{SMALL_CTR},block_at_step={2 * CHECKPOINT_INTERVAL},marker={marker}")
+    blocked.chief.start()
+    processes.wait_until(marker.exists, timeout=240, what="the chief to block mid-save")
+    blocked.chief.kill(signal.SIGKILL)
+    blocked.chief.wait(timeout=10)
+    # The interrupted save left data behind, but the index names the last complete one.
+    with open(tmp_path / "model" / "checkpoint") as f:
+      index = f.read()
+    assert f"ckpt-{CHECKPOINT_INTERVAL}\"" in index and f"ckpt-{int(marker.read_text())}" not in index
+    resumed = Run(cluster, str(tmp_path / "model"), experiment="fault_experiments:blocking_save",
+                  params=f"{SMALL_CTR},block_at_step=0")
+    resumed.chief.start()
+    resumed.wait_for_step(CHECKPOINT_INTERVAL, timeout=180)
+    assert resumed.restores[-1].step == CHECKPOINT_INTERVAL
+    assert f"restored {tmp_path / 'model'}/ckpt-{CHECKPOINT_INTERVAL} at step" in resumed.log()
+  finally:
+    os.environ["PYTHONPATH"] = env
+    cluster.tasks[spec_lib.TaskId(spec_lib.JobType.CHIEF, 0)].kill(signal.SIGKILL)
+
+
+def test_nan_loss_is_permanent_and_not_retried(cluster, tmp_path):
+  _stop_chief(cluster)
+  env = os.environ.get("PYTHONPATH", "")
+  os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS_DIR, env]))
+  try:
+    nan = Run(cluster, str(tmp_path / "model"), experiment="fault_experiments:nan_loss")
+    nan.chief.start()
+    assert nan.chief.wait(timeout=180) == 1
+  finally:
+    os.environ["PYTHONPATH"] = env
+  log = nan.log()
+  assert "loss is nan at step" in log and "giving up" in log
+  assert log.count("starting coordinator") == 1  # Never restarted.
+  assert [e.failure for e in nan.events() if e.kind == "failure"] == [
+      policy.FailureKind.USER_ERROR.value]
