@@ -74,6 +74,9 @@ _CONTINUATION = re.compile(
     r"|To enable the following instructions|It is treated as a transient"
     r"|Graph execution error:|\s*failed to connect to all addresses|\s*\{"
     r"|This could happen if the remote target has been disconnected"
+    # TF's chained errors: "2 root error(s) found.", "  (0) UNAVAILABLE: ...".
+    r"|\d+ root error\(s\) found|\s*\(\d+\) \w+:|\d+ derived errors ignored|\s*\[\[\{\{node"
+    r"|\s*\[\[.*\]\]$|\s*\[Op:\w+\]"
     # Protobuf text (e.g. a session config TF dumps after its header line).
     r"|\s*[a-z_]+ \{$|\s*\}$|\s*[a-z_]+: \S.*$)")
 # A gRPC record longer than this is cut: its summary is emitted, the rest dropped.

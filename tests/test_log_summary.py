@@ -121,3 +121,18 @@ def test_our_own_lines_about_unreachable_tasks_are_not_taken_for_grpc_records():
   ours = ("W1122 01:10:41.0 140444550441856 supervisor.py:207] worker:1 unreachable for 20s: "
           "saving and restarting the coordinator without it")
   assert feed_all(log_summary.LogSummarizer(), [ours]) == [ours]
+
+
+def test_chained_tf_errors_stay_inside_their_record():
+  lines = [
+      "ERROR:tensorflow:Start cancelling closures due to error UnavailableError(): ",
+      "2 root error(s) found.",
+      "  (0) UNAVAILABLE:  failed to connect to all addresses; last error: UNKNOWN: "
+      "ipv4:127.0.0.1:44557: Failed to connect to remote host: Connection refused",
+      "Additional GRPC error information from remote target /job:ps/replica:0/task:0/device:CPU:0 "
+      "while calling /tensorflow.eager.EagerService/RunComponentFunction:",
+      ":UNKNOWN:Error received from peer  {grpc_status:14}",
+      "0 derived errors ignored.",
+  ]
+  assert feed_all(log_summary.LogSummarizer(), lines) == [
+      "grpc: UNAVAILABLE from ps:0 (127.0.0.1:44557): connection refused"]
