@@ -287,3 +287,20 @@ def test_checkpoint_of_another_model_is_permanent(cluster, tmp_path):
 def test_eval_mode_without_checkpoint_is_a_usage_error(cluster, tmp_path):
   with pytest.raises(errors.UsageError, match=r"mode \(eval\) needs a checkpoint"):
     chief.run_chief(_chief_config(cluster, tmp_path, mode="eval"))
+
+
+def test_readme_experiment_example_trains(cluster, tmp_path, monkeypatch):
+  """The README's "write your own experiment" code, run as written."""
+  import re
+  import sys
+  readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+  with open(readme) as f:
+    (code,) = re.findall(r"```python\n(# my_experiment\.py\n.*?)```", f.read(), flags=re.S)
+  (tmp_path / "my_experiment.py").write_text(code)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.delitem(sys.modules, "my_experiment", raising=False)
+  result = chief.run_chief(_chief_config(
+      cluster, tmp_path / "model", experiment="my_experiment:factory", experiment_params={},
+      train_steps=200, steps_per_loop=100, checkpoint_interval=100, global_batch_size=64))
+  assert result.global_step == 200
+  assert result.eval["accuracy"] > 0.9

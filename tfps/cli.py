@@ -8,6 +8,7 @@ environment (TF_CONFIG) and turns exception types into exit codes.
   tfps local    a whole cluster as local processes on a private loopback.
   tfps chaos    tfps local under a seeded schedule of real faults.
   tfps k8s      Kubernetes manifests (Kubeflow TFJob) running tfps run everywhere.
+  tfps bench    throughput of tfps beside the stock PS patterns, side by side.
 """
 
 import os
@@ -20,7 +21,7 @@ from absl import logging
 from recovery import errors
 
 FLAGS = flags.FLAGS
-COMMANDS = ("run", "local", "chaos", "k8s")
+COMMANDS = ("run", "local", "chaos", "k8s", "bench")
 
 # --- who am I and where is everyone (tfps run) --------------------------------
 flags.DEFINE_string("cluster_spec", None,
@@ -61,7 +62,15 @@ flags.DEFINE_integer("checkpoint_interval", 500, "Save a checkpoint every this m
 flags.DEFINE_integer("max_to_keep", 3, "Checkpoints to keep.")
 flags.DEFINE_enum("mode", "train_and_eval", ["train", "train_and_eval", "eval"], "What to run.")
 flags.DEFINE_integer("eval_steps", None, "Eval batches per evaluation (default: the whole eval set).")
-flags.DEFINE_integer("global_batch_size", 512, "Examples per step, across the workers.")
+flags.DEFINE_integer("global_batch_size", 512,
+                     "Examples per training step (each step runs on one worker).")
+flags.DEFINE_list("experiment_params", [],
+                  "Experiment settings as key=value, e.g. vocab_sizes=3000:2000,hidden=32:16.")
+flags.DEFINE_integer("eval_interval", None,
+                     "train_and_eval: steps between evaluations (default: once, at the end).")
+flags.DEFINE_integer("eval_shards", None, "Closures per evaluation (default: 4 per worker).")
+flags.DEFINE_integer("min_shard_bytes", 256 << 10,
+                     "Split variables larger than this across the ps tasks (0: never).")
 flags.DEFINE_integer("seed", 0, "Seed of the synthetic data and initialisation.")
 
 # --- local cluster ---------------------------------------------------------------
@@ -78,6 +87,18 @@ flags.DEFINE_integer("fault_count", 3, "tfps chaos: random faults (>= 3: worker,
 flags.DEFINE_float("chaos_duration", 60.0, "tfps chaos: seconds of training to spread faults over.")
 flags.DEFINE_float("restart_delay", 5.0, "tfps chaos: seconds before a faulted task comes back.")
 flags.DEFINE_bool("worker_never_returns", False, "tfps chaos: one worker fault is permanent.")
+
+# --- bench -------------------------------------------------------------------------
+flags.DEFINE_bool("quick", False, "tfps bench: short windows (whole run under 5 minutes).")
+flags.DEFINE_bool("scaling", False,
+                  "tfps bench: tfps alone on 1/2/4 workers x 1/2 ps (first --bench_sizes).")
+flags.DEFINE_integer("repeats", 3, "tfps bench: timed windows per variant (median reported).")
+flags.DEFINE_integer("window_steps", 1000, "tfps bench: steps in one timed window.")
+flags.DEFINE_integer("warmup_steps", 200, "tfps bench: untimed steps before the first window.")
+flags.DEFINE_list("bench_sizes", ["default", "dense"],
+                  "tfps bench: ctr model sizes (default, dense, tiny).")
+flags.DEFINE_list("bench_variants", ["single_process", "tutorial", "model_garden", "tfps"],
+                  "tfps bench: patterns to compare.")
 
 # --- kubernetes ----------------------------------------------------------------------
 flags.DEFINE_string("job", "tfps", "tfps k8s: the TFJob's name.")
@@ -101,7 +122,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
   if len(rest) != 2 or rest[1] not in COMMANDS:
     got = " ".join(rest[1:]) or "nothing"
     _fail(f"command: expected one of {', '.join(COMMANDS)}, got {got!r} "
-          "(usage: tfps run|local|chaos|k8s [--flags])", errors.ExitCode.USAGE)
+          "(usage: tfps run|local|chaos|k8s|bench [--flags])", errors.ExitCode.USAGE)
   return rest
 
 
@@ -128,6 +149,9 @@ def main(argv: list[str]) -> None:
   elif command == "chaos":
     from tfps import chaos_command
     code = chaos_command.run(FLAGS)
+  elif command == "bench":
+    from tfps import bench_command
+    code = bench_command.run(FLAGS)
   else:
     from tfps import k8s_command
     code = k8s_command.run(FLAGS)

@@ -27,11 +27,14 @@ _POLL_SECONDS = 0.5
 CHIEF_FLAGS = ("experiment", "train_steps", "steps_per_loop", "steps_per_closure",
                "checkpoint_interval", "max_to_keep", "mode", "eval_steps",
                "global_batch_size", "seed", "ready_timeout", "max_restarts", "restart_window",
-               "cluster_wait_seconds", "grace_seconds", "worker_timeout")
+               "cluster_wait_seconds", "grace_seconds", "worker_timeout", "eval_interval",
+               "eval_shards", "min_shard_bytes")
 
 
 def chief_flags(flags, model_dir: str) -> list[str]:
   out = [f"--model_dir={model_dir}"]
+  if flags.experiment_params:
+    out.append(f"--experiment_params={','.join(flags.experiment_params)}")
   for name in CHIEF_FLAGS:
     value = getattr(flags, name)
     if value is not None:

@@ -119,6 +119,17 @@ def _supervise_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCod
   return errors.ExitCode.OK
 
 
+def parse_params(items: list[str]) -> dict[str, str]:
+  """`--experiment_params` items `key=value` as a dict."""
+  params = {}
+  for item in items:
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+      raise errors.UsageError(f"--experiment_params: {item!r} must look like key=value")
+    params[key.strip()] = value.strip()
+  return params
+
+
 def ensure_model_dir(model_dir: str | None) -> str:
   """Creates `model_dir`; a missing or unwritable one is a usage error."""
   if not model_dir:
@@ -149,7 +160,11 @@ def _run_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCode:
       eval_steps=flags.eval_steps,
       global_batch_size=flags.global_batch_size,
       seed=flags.seed,
-      ready_timeout=flags.ready_timeout)
+      ready_timeout=flags.ready_timeout,
+      experiment_params=parse_params(flags.experiment_params),
+      eval_interval=flags.eval_interval,
+      eval_shards=flags.eval_shards,
+      min_shard_bytes=flags.min_shard_bytes or None)
   result = chief.run_chief(chief_config, interrupts=interrupts.Interrupts(stop))
   sys.stdout.write(json.dumps(result.as_dict()) + "\n")
   sys.stdout.flush()

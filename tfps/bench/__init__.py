@@ -1,0 +1,1 @@
+"""`tfps bench`: side-by-side throughput of the stock PS patterns and tfps."""

@@ -1,0 +1,131 @@
+"""The benchmark's measuring process: `python -m tfps.bench.driver SPEC CONFIG OUT`.
+
+It runs where the chief would (inside the local cluster's private network,
+started by `tfps bench`), connects once, and for every model size:
+
+  1. builds every variant (`patterns`) from the same seed: same initial
+     model, same data;
+  2. warms each up (`warmup_steps`: tracing, per-worker datasets);
+  3. runs `repeats` rounds; in each round every variant trains one window of
+     `window_steps` steps, timed from the first dispatch to the moment the
+     last step has finished (join). The variants take turns, in a rotating
+     order, so that any change in machine load hits all of them alike;
+  4. evaluates every variant (exact AUC over the whole eval set), after the
+     same number of steps;
+then times empty closures (dispatch overhead) and writes one JSON document
+to OUT. Every PS variant shares one ParameterServerStrategy and its
+ClusterCoordinator (TensorFlow allows one cluster per process).
+"""
+
+import gc
+import json
+import os
+import sys
+import time
+
+from absl import logging
+
+from cluster import spec as spec_lib
+from tfps.bench import config as config_lib
+
+Variant = config_lib.Variant
+
+
+def _build(variant, runtime, params, config):
+  from tfps.bench import patterns
+  common = dict(batch_size=config.global_batch_size, seed=config.seed,
+                steps_per_loop=config.steps_per_loop)
+  if variant == Variant.SINGLE_PROCESS:
+    return patterns.SingleProcess(params, **common)
+  if variant == Variant.TUTORIAL:
+    return patterns.Tutorial(runtime, params, **common)
+  if variant == Variant.MODEL_GARDEN:
+    return patterns.ModelGarden(runtime, params, **common)
+  return patterns.Tfps(runtime, params, steps_per_closure=config.steps_per_closure, **common)
+
+
+def _window(run, steps: int) -> tuple[int, float]:
+  """Trains `steps` steps; returns (steps that ran, seconds)."""
+  before = int(run.global_step.numpy())
+  start = time.perf_counter()
+  run.train(steps)
+  seconds = time.perf_counter() - start
+  return int(run.global_step.numpy()) - before, seconds
+
+
+def measure_size(size: str, runtime, config: config_lib.BenchConfig) -> dict:
+  params = dict(config_lib.SIZES[size])
+  runs = {}
+  for variant in config.variants:
+    logging.info("%s/%s: building and warming up (%d steps)", size, variant,
+                 config.warmup_steps)
+    runs[variant] = _build(variant, runtime, params, config)
+    runs[variant].train(config.warmup_steps)
+  results = {v.value: {"examples_per_sec": [], "window_seconds": []} for v in runs}
+  order = list(runs)
+  for repeat in range(config.repeats):
+    for variant in order[repeat % len(order):] + order[:repeat % len(order)]:
+      steps, seconds = _window(runs[variant], config.window_steps)
+      rate = steps * config.global_batch_size / seconds
+      results[variant.value]["examples_per_sec"].append(rate)
+      results[variant.value]["window_seconds"].append(seconds)
+      logging.info("%s/%s window %d/%d: %d steps in %.2fs, %s examples/s (load %s)",
+                   size, variant, repeat + 1, config.repeats, steps, seconds,
+                   f"{rate:,.0f}", _load())
+  for variant, run in runs.items():
+    result = results[variant.value]
+    result["steps"] = int(run.global_step.numpy())
+    result["eval_auc"] = run.evaluate()
+    if run.timer is not None:
+      result["closures"] = run.timer.calls
+      result["schedule_us"] = run.timer.micros_per_call
+    logging.info("%s/%s: AUC %.4f after %d steps", size, variant, result["eval_auc"],
+                 result["steps"])
+  del runs
+  gc.collect()
+  return results
+
+
+def _load() -> str:
+  try:
+    with open("/proc/loadavg", encoding="utf-8") as f:
+      return f.read().split()[0]
+  except OSError:
+    return "?"
+
+
+def run(spec_path: str, config: config_lib.BenchConfig) -> dict:
+  from coordinator import strategy as strategy_lib
+  from tfps.bench import patterns
+  cluster = spec_lib.from_json_file(spec_path, job_name="chief", task_index=0).cluster
+  runtime = strategy_lib.connect(cluster, ready_timeout=120.0)
+  out = {"sizes": {}}
+  for size in config.sizes:
+    out["sizes"][size] = measure_size(size, runtime, config)
+  if any(v != Variant.SINGLE_PROCESS for v in config.variants):
+    out["noop_closure_us"] = patterns.noop_closure_micros(runtime.coordinator,
+                                                          config.noop_closures)
+    logging.info("empty closure: %.0f µs each", out["noop_closure_us"])
+  return out
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) != 4:
+    sys.stderr.write("usage: python -m tfps.bench.driver SPEC_FILE CONFIG_FILE OUT_FILE\n")
+    return 2
+  from recovery import log_summary
+  logging.use_absl_handler()
+  logging.set_verbosity(logging.INFO)
+  log_summary.install_stderr_filter()
+  with open(argv[2], encoding="utf-8") as f:
+    config = config_lib.BenchConfig.from_json(f.read())
+  result = run(argv[1], config)
+  with open(argv[3], "w", encoding="utf-8") as f:
+    json.dump(result, f)
+  sys.stderr.flush()
+  # Open gRPC channels to the cluster make a normal exit slow and noisy.
+  os._exit(0)
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv))
