@@ -49,6 +49,7 @@ class Run:
     self._log_offset = (os.path.getsize(self.chief.log_path)
                         if os.path.exists(self.chief.log_path) else 0)
     self._progress = progress_lib.ProgressLog(model_dir)
+    self._progress.read_new()  # Only what this run's chief writes counts.
     self.records: list[progress_lib.Progress] = []
 
   def poll(self) -> list[progress_lib.Progress]:
@@ -255,16 +256,20 @@ def test_killed_during_a_checkpoint_save_restores_the_last_complete_one(cluster,
     processes.wait_until(marker.exists, timeout=240, what="the chief to block mid-save")
     blocked.chief.kill(signal.SIGKILL)
     blocked.chief.wait(timeout=10)
-    # The interrupted save left data behind, but the index names the last complete one.
+    blocked_step = int(marker.read_text())
+    # The index still names the last checkpoint that was completely written.
     with open(tmp_path / "model" / "checkpoint") as f:
-      index = f.read()
-    assert f"ckpt-{CHECKPOINT_INTERVAL}\"" in index and f"ckpt-{int(marker.read_text())}" not in index
+      latest = f.readline().split('"')[1]
+    complete_step = int(latest.rpartition("-")[2])
+    assert 0 < complete_step < blocked_step
+    assert not os.path.exists(tmp_path / "model" / f"ckpt-{blocked_step}.index")
     resumed = Run(cluster, str(tmp_path / "model"), experiment="fault_experiments:blocking_save",
                   params=f"{SMALL_CTR},block_at_step=0")
     resumed.chief.start()
-    resumed.wait_for_step(CHECKPOINT_INTERVAL, timeout=180)
-    assert resumed.restores[-1].step == CHECKPOINT_INTERVAL
-    assert f"restored {tmp_path / 'model'}/ckpt-{CHECKPOINT_INTERVAL} at step" in resumed.log()
+    resumed.wait_for_step(complete_step, timeout=180)
+    assert resumed.restores[-1].step == complete_step
+    assert f"restored {tmp_path / 'model'}/ckpt-{complete_step} at step {complete_step}" \
+        in resumed.log()
   finally:
     os.environ["PYTHONPATH"] = env
     cluster.tasks[spec_lib.TaskId(spec_lib.JobType.CHIEF, 0)].kill(signal.SIGKILL)
