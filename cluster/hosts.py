@@ -92,8 +92,9 @@ class VirtualHosts:
 
   def run(self, host: int, argv: Sequence[str], timeout: float = 10.0) -> str:
     """Runs `argv` on `host`; returns its stdout."""
-    return _run(processes.spawn(argv, netns_fd=self.fd(host), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT), argv, timeout)
+    return processes.output_of(processes.spawn(
+        argv, netns_fd=self.fd(host), stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
+        argv, timeout)
 
   def partition(self, host: int) -> None:
     """Cuts `host` off the bridge (its link goes down, as a pulled cable)."""
@@ -141,16 +142,6 @@ class VirtualHosts:
     return holder
 
   def _in_hub(self, command: str) -> None:
-    _run(processes.spawn(["nsenter", f"--net=/proc/{self._hub.pid}/ns/net", "sh", "-c", command],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT), [command], 10.0)
-
-
-def _run(process: subprocess.Popen, argv: Sequence[str], timeout: float) -> str:
-  try:
-    out, _ = process.communicate(timeout=timeout)
-  except subprocess.TimeoutExpired:
-    processes.stop_group(process, grace=0)
-    raise TimeoutError(f"{' '.join(argv)} ran over {timeout:.0f}s") from None
-  if process.returncode != 0:
-    raise OSError(f"{' '.join(argv)} exited {process.returncode}: {out.decode().strip()}")
-  return out.decode()
+    processes.output_of(processes.spawn(
+        ["nsenter", f"--net=/proc/{self._hub.pid}/ns/net", "sh", "-c", command],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT), [command], 10.0)

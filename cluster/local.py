@@ -320,15 +320,9 @@ class LocalCluster:
   def run_tool(self, argv: Sequence[str], *, task: TaskId | None = None,
                timeout: float = 10.0) -> str:
     """Runs a short command in the cluster's network (on `task`'s host); its stdout."""
-    process = self.spawn(argv, task=task, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-      out, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-      processes.stop_group(process, grace=0)
-      raise TimeoutError(f"{argv[0]} ran over {timeout:.0f}s") from None
-    if process.returncode != 0:
-      raise OSError(f"{' '.join(argv)} exited {process.returncode}: {out.decode().strip()}")
-    return out.decode()
+    return processes.output_of(
+        self.spawn(argv, task=task, stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
+        argv, timeout)
 
   def listening_ports(self, task: TaskId | None = None) -> set[int]:
     """TCP ports listening in the cluster's network (on `task`'s host)."""

@@ -113,6 +113,24 @@ def wait_for_exit(process: subprocess.Popen, timeout: float) -> int:
     raise TimeoutError(f"pid {process.pid} still running after {timeout:.1f}s") from None
 
 
+def output_of(process: subprocess.Popen, argv: Sequence[str], timeout: float) -> str:
+  """Waits for a short-lived `process` (stdout piped); returns its stdout.
+
+  Raises:
+    TimeoutError: it ran over `timeout` s (it is killed).
+    OSError: it exited non-zero; the message has its output.
+  """
+  try:
+    out, _ = process.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    stop_group(process, grace=0)
+    raise TimeoutError(f"{' '.join(argv)} ran over {timeout:.0f}s") from None
+  text = out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
+  if process.returncode != 0:
+    raise OSError(f"{' '.join(argv)} exited {process.returncode}: {text.strip()}")
+  return text
+
+
 def wait_until(predicate: Callable[[], bool], *, timeout: float, what: str,
                interval: float = 0.1) -> None:
   """Polls `predicate` until true; raises TimeoutError naming `what`."""

@@ -237,6 +237,35 @@ def test_worker_that_never_returns_is_left_out_then_taken_back(run):
   run.wait_for_step(run.step + 100, timeout=180)
 
 
+def test_two_workers_killed_together_are_both_readmitted(run):
+  step = run.step
+  workers = [run.cluster.worker(0), run.cluster.worker(1)]
+  for worker in workers:
+    worker.kill(signal.SIGKILL)
+  for worker in workers:
+    worker.wait(timeout=10)
+    worker.start()
+  run.cluster.wait_ready(timeout=90)
+  cpu = {w.task: _cpu_seconds(w.pid) for w in workers}
+  run.wait_for_step(step + 300, timeout=180)
+  assert all(_cpu_seconds(w.pid) - cpu[w.task] > 0.5 for w in workers)
+
+
+def test_ps_failing_while_a_worker_recovers(run):
+  step = run.step
+  restores = len(run.restores)
+  worker, ps = run.cluster.worker(1), run.cluster.ps(0)
+  worker.kill(signal.SIGKILL)
+  worker.wait(timeout=10)
+  worker.start()  # Recovering (TF still importing) when the ps goes too.
+  ps.kill(signal.SIGKILL)
+  ps.wait(timeout=10)
+  ps.start()
+  run.wait_for_step(step, timeout=240)
+  assert len(run.restores) > restores  # The ps loss restarted the coordinator...
+  assert 0 <= step - run.restores[restores].step <= CHECKPOINT_INTERVAL  # ...from a checkpoint.
+
+
 def _stop_chief(cluster):
   """The row tests' chief must not share the cluster with another one."""
   chief = cluster.tasks.get(spec_lib.TaskId(spec_lib.JobType.CHIEF, 0))
