@@ -7,6 +7,7 @@ A fault is written `TARGET@SECONDS:ACTION[+AFTER]`, several comma-separated:
   chief:0@60:kill+2      SIGKILL the chief, an orchestrator restarts it 2 s later
   worker:0@30:stop+10    SIGSTOP worker 0 for 10 s, then SIGCONT
   worker:1@50:kill+never the worker never comes back
+  ps:0@70:cut+8          cut ps 0's network link for 8 s (virtual hosts only)
 
 Times count from the start of training. `random_schedule` draws a seeded
 schedule at a given rate; whatever the draw, it hits at least one worker, one
@@ -31,11 +32,17 @@ class FaultAction(str, enum.Enum):
   KILL = "kill"  # SIGKILL
   TERM = "term"  # SIGTERM: a preemption with notice
   STOP = "stop"  # SIGSTOP, then SIGCONT after the delay
+  CUT = "cut"  # Network link down, up again after the delay (a partition)
 
   @property
-  def signal(self) -> int:
+  def signal(self) -> int | None:
+    """The signal sent, or None for a network fault."""
     return {FaultAction.KILL: signal.SIGKILL, FaultAction.TERM: signal.SIGTERM,
-            FaultAction.STOP: signal.SIGSTOP}[self]
+            FaultAction.STOP: signal.SIGSTOP}.get(self)
+
+  @property
+  def name_of_fault(self) -> str:
+    return signal.Signals(self.signal).name if self.signal else "LINK_DOWN"
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -50,8 +57,9 @@ class Fault:
   def __post_init__(self):
     if self.at_seconds < 0:
       raise errors.UsageError(f"fault {self}: time ({self.at_seconds}) must be >= 0")
-    if self.back_after is NEVER and self.action == FaultAction.STOP:
-      raise errors.UsageError(f"fault {self}: a stopped task must be continued (+SECONDS)")
+    if self.back_after is NEVER and self.action in (FaultAction.STOP, FaultAction.CUT):
+      raise errors.UsageError(
+          f"fault {self}: a stopped or cut-off task must come back (+SECONDS)")
     if self.back_after is NEVER and self.target.job != spec_lib.JobType.WORKER:
       raise errors.UsageError(
           f"fault {self}: only a worker may never come back (the job needs its ps and chief)")
@@ -87,7 +95,7 @@ def _parse_one(item: str, cluster: spec_lib.ClusterSpec) -> Fault:
     action = FaultAction(action_name)
   except ValueError:
     raise errors.UsageError(
-        f"--faults: {item!r}: action {action_name!r} is not kill, term or stop") from None
+        f"--faults: {item!r}: action {action_name!r} is not kill, term, stop or cut") from None
   try:
     at_seconds = float(when)
     back_after = (NEVER if after == "never" else float(after)) if plus else 5.0
@@ -98,12 +106,13 @@ def _parse_one(item: str, cluster: spec_lib.ClusterSpec) -> Fault:
 
 def random_schedule(*, seed: int, count: int, duration: float,
                     cluster: spec_lib.ClusterSpec, never_returns: bool = False,
-                    back_after: float = 5.0) -> tuple[Fault, ...]:
+                    back_after: float = 5.0, network_faults: bool = False) -> tuple[Fault, ...]:
   """`count` faults spread over `duration` seconds, drawn from `seed`.
 
   The first three hit a worker, a ps and the chief (in a seeded order);
   the rest pick any task. Faults are spaced so that each has time to recover
-  before the next. With `never_returns`, one worker fault is permanent.
+  before the next. With `never_returns`, one worker fault is permanent;
+  with `network_faults` (virtual hosts), link cuts are drawn too.
   """
   if count < 3:
     raise errors.UsageError(f"fault count ({count}) must be >= 3 (a worker, a ps, the chief)")
@@ -117,7 +126,7 @@ def random_schedule(*, seed: int, count: int, duration: float,
   faults = []
   for i, target in enumerate(targets):
     at = round(slot * i + rng.uniform(0.1, 0.4) * slot, 1)
-    action = rng.choice(list(FaultAction))
+    action = rng.choice([a for a in FaultAction if a != FaultAction.CUT or network_faults])
     faults.append(Fault(at, target, action, back_after))
   if never_returns:
     i = next(i for i, f in enumerate(faults) if f.target.job == spec_lib.JobType.WORKER)
@@ -136,8 +145,8 @@ class FaultOutcome:
   steps_lost: int = 0  # Steps between the restored checkpoint and the step at the fault.
 
   def as_dict(self) -> dict:
-    return {"target": str(self.fault.target), "signal": signal.Signals(
-        self.fault.action.signal).name, "action": self.fault.action.value,
+    return {"target": str(self.fault.target), "signal": self.fault.action.name_of_fault,
+            "action": self.fault.action.value,
             "back_after": self.fault.back_after, "time": round(self.injected_at, 2),
             "recovered": self.recovered, "seconds_to_recover": self.seconds_to_recover,
             "steps_lost": self.steps_lost}

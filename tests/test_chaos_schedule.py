@@ -27,9 +27,10 @@ def test_parse_explicit_faults_sorted_by_time():
     ("worker:1@x:kill", "must look like"),
     ("worker:7@1:kill", "no task worker:7 in this cluster"),
     ("evaluator:0@1:kill", "no task evaluator:0"),
-    ("worker:1@1:nuke", "action 'nuke' is not kill, term or stop"),
+    ("worker:1@1:nuke", "action 'nuke' is not kill, term, stop or cut"),
+    ("ps:0@1:cut+never", "a stopped or cut-off task must come back"),
     ("ps:0@1:kill+never", "only a worker may never come back"),
-    ("worker:0@1:stop+never", "a stopped task must be continued"),
+    ("worker:0@1:stop+never", "a stopped or cut-off task must come back"),
     ("worker:0@-1:kill", "time (-1.0) must be >= 0"),
 ])
 def test_bad_fault_specs_are_usage_errors(text, message):
@@ -112,3 +113,12 @@ def test_tracker_fault_never_followed_by_progress_is_not_recovered():
   tracker.injected(fault, wall_time=5.0, since_start=5.0)
   tracker.observe([_record(0, 9.0, restored=True)])
   assert not tracker.all_recovered and not tracker.outcomes()[0].recovered
+
+
+def test_link_cuts_are_drawn_only_with_network_faults():
+  draw = lambda seed, net: chaos.random_schedule(seed=seed, count=8, duration=100,
+                                                 cluster=CLUSTER, network_faults=net)
+  assert not any(f.action == chaos.FaultAction.CUT for s in range(20) for f in draw(s, False))
+  assert any(f.action == chaos.FaultAction.CUT for s in range(20) for f in draw(s, True))
+  cut = chaos.parse_faults("ps:0@70:cut+8", CLUSTER)[0]
+  assert chaos.FaultOutcome(cut, 70.0, True, 9.0).as_dict()["signal"] == "LINK_DOWN"

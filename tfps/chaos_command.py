@@ -40,11 +40,15 @@ class _Restore:
 
 def schedule(flags, cluster: local.LocalCluster) -> tuple[chaos.Fault, ...]:
   if flags.faults:
-    return chaos.parse_faults(flags.faults, cluster.spec)
+    faults = chaos.parse_faults(flags.faults, cluster.spec)
+    if cluster.config.hosts != "netns" and any(
+        f.action == chaos.FaultAction.CUT for f in faults):
+      raise errors.UsageError("--faults: 'cut' needs --hosts=netns (a task per virtual host)")
+    return faults
   return chaos.random_schedule(
       seed=flags.seed, count=flags.fault_count, duration=flags.chaos_duration,
       cluster=cluster.spec, never_returns=flags.worker_never_returns,
-      back_after=flags.restart_delay)
+      back_after=flags.restart_delay, network_faults=cluster.config.hosts == "netns")
 
 
 def run(flags) -> errors.ExitCode:
@@ -112,8 +116,10 @@ def _inject_until_done(cluster, runner, stop, pending, tracker, progress) -> orc
 
 def _inject(cluster, runner, fault: chaos.Fault) -> None:
   handle = cluster.tasks[fault.target]
-  logging.warning("chaos: %s %s (pid %s)", signal.Signals(fault.action.signal).name,
-                  fault.target, handle.pid)
+  logging.warning("chaos: %s %s (pid %s)", fault.action.name_of_fault, fault.target, handle.pid)
+  if fault.action == chaos.FaultAction.CUT:
+    cluster.partition(fault.target)
+    return
   if fault.action != chaos.FaultAction.STOP:
     runner.held.add(fault.target)  # Down until its delay is over.
   handle.kill(fault.action.signal)
@@ -121,6 +127,10 @@ def _inject(cluster, runner, fault: chaos.Fault) -> None:
 
 def _bring_back(cluster, runner, fault: chaos.Fault) -> None:
   handle = cluster.tasks[fault.target]
+  if fault.action == chaos.FaultAction.CUT:
+    logging.warning("chaos: link of %s up again", fault.target)
+    cluster.heal(fault.target)
+    return
   if fault.action == chaos.FaultAction.STOP:
     logging.warning("chaos: SIGCONT %s", fault.target)
     handle.resume()
