@@ -216,6 +216,10 @@ def _run_chief(config: ChiefConfig, interrupts: interrupts_lib.Interrupts) -> Ch
         checkpoint_manager=manager, summary_dir=config.model_dir,
         eval_summary_dir=os.path.join(config.model_dir, "eval"))
     start_step = int(global_step.numpy())
+    if controller.restored is None and config.mode != Mode.EVAL:
+      # A first checkpoint at the start: later saves then fall on multiples
+      # of checkpoint_interval (CheckpointManager always saves its first).
+      manager.save(checkpoint_number=start_step, check_interval=False)
     # For watchers (tfps chaos/bench) and the event log: a coordinator started
     # here, at this step (from a checkpoint, or from scratch at 0).
     guard.account_restore(start_step)

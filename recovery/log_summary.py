@@ -78,7 +78,7 @@ _CONTINUATION = re.compile(
     r"|\d+ root error\(s\) found|\s*\(\d+\) \w+:|\d+ derived errors ignored|\s*\[\[\{\{node"
     r"|\s*\[\[.*\]\]$|\s*\[Op:\w+\]"
     # Protobuf text (e.g. a session config TF dumps after its header line).
-    r"|\s*[a-z_]+ \{$|\s*\}$|\s*[a-z_]+: \S.*$)")
+    r"|\s*[a-z_]+ \{$|\s*\}$|\s+[a-z_]+: \S.*$|[a-z_]+: (?:true|false|-?\d+|\"[^\"]*\")$)")
 # A gRPC record longer than this is cut: its summary is emitted, the rest dropped.
 _MAX_RECORD_LINES = 200
 
@@ -105,6 +105,8 @@ class LogSummarizer:
   def feed(self, line: str, now: float) -> list[str]:
     """Returns the lines to show, given one more input `line` (no newline)."""
     header = _HEADER.match(line)
+    if line.startswith("tfps: "):  # Our own one-line errors always show.
+      return self.flush(now) + [line]
     if header is None and _CONTINUATION.match(line):
       if self._record is not None:
         self._record.append(line)

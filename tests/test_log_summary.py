@@ -136,3 +136,15 @@ def test_chained_tf_errors_stay_inside_their_record():
   ]
   assert feed_all(log_summary.LogSummarizer(), lines) == [
       "grpc: UNAVAILABLE from ps:0 (127.0.0.1:44557): connection refused"]
+
+
+def test_our_error_line_is_never_absorbed_into_a_tf_record():
+  lines = [
+      "2026-11-21 23:51:28.221546: I tensorflow/core/util/port.cc:153] oneDNN custom operations "
+      "are on.",
+      "tfps: error: train_steps (0) must be a positive integer",
+  ]
+  assert feed_all(log_summary.LogSummarizer(), lines) == [lines[1]]
+  record = [REFUSED.format(port=9), "tfps: error: lost the cluster during training: x"]
+  assert feed_all(log_summary.LogSummarizer(), record) == [
+      "grpc: UNAVAILABLE from 127.0.0.1:9: connection refused", record[1]]
