@@ -3,10 +3,11 @@
 A model typical of parameter-server training, and the reference for writing
 your own experiment (`factory` at the bottom is all the chief needs):
 
-* several categorical features with large vocabularies, each a tf_keras
-  `Embedding` table; tables above the partitioner's size are
-  `ShardedVariable`s split across the ps tasks;
-* dense features; an MLP over [embeddings, dense]; binary cross-entropy;
+* several categorical features with large vocabularies, embedded by one
+  tf_keras `Embedding` table (each feature its own rows); a table above the
+  partitioner's size is a `ShardedVariable` split across the ps tasks;
+* dense features; an MLP over [embeddings, dense] with its weights in one
+  variable; binary cross-entropy; Adagrad with fused update kernels;
 * an ordinary Orbit `StandardTrainer` and `StandardEvaluator` (AUC, loss),
   written as for one machine: the runtime makes them parameter-server aware.
 
@@ -180,30 +181,108 @@ def eval_dataset_fn(config: CtrConfig, seed: int, batch_size: int):
 
 # Model, trainer, evaluator ---------------------------------------------------
 
+class PackedMLP(tf_keras.layers.Layer):
+  """An MLP (ReLU hidden layers, linear output) whose weights are one variable.
+
+  The same computation as a stack of `Dense` layers (Glorot-uniform kernels,
+  zero biases), but all kernels and biases live in one flat variable: under
+  parameter servers a step reads it in one transfer and updates it with one
+  optimizer op, instead of one of each per kernel and per bias.
+  """
+
+  def __init__(self, input_dim: int, units: tuple[int, ...], seed: int, **kwargs):
+    super().__init__(**kwargs)
+    dims = (input_dim, *units)
+    self._shapes = [(dims[i], dims[i + 1]) for i in range(len(units))]
+    self._seed = seed
+    size = sum(n_in * n_out + n_out for n_in, n_out in self._shapes)
+    self.packed = self.add_weight(name="packed", shape=(size,), initializer=self._initial)
+
+  def _initial(self, shape, dtype=None):
+    parts = []
+    for i, (n_in, n_out) in enumerate(self._shapes):
+      kernel = tf_keras.initializers.GlorotUniform(seed=self._seed + i)((n_in, n_out), dtype)
+      parts += [tf.reshape(kernel, [-1]), tf.zeros([n_out], dtype)]
+    return tf.concat(parts, axis=0)
+
+  def call(self, x):
+    packed = tf.convert_to_tensor(self.packed)  # One read of every weight.
+    offset = 0
+    for i, (n_in, n_out) in enumerate(self._shapes):
+      kernel = tf.reshape(packed[offset:offset + n_in * n_out], (n_in, n_out))
+      offset += n_in * n_out
+      bias = packed[offset:offset + n_out]
+      offset += n_out
+      x = tf.matmul(x, kernel) + bias
+      if i < len(self._shapes) - 1:
+        x = tf.nn.relu(x)
+    return x
+
+
 class CtrModel(tf_keras.Model):
-  """Embeddings per categorical feature + dense features -> MLP -> click logit."""
+  """Embeddings of the categorical features + dense features -> MLP -> click logit.
+
+  Every categorical feature has its own rows, but all features share one
+  tf_keras `Embedding` table (feature f's ids are offset by the vocabularies
+  before it), and the MLP's weights are one variable (`PackedMLP`). The model
+  is the usual one-table-per-feature CTR model; the packing only means that a
+  step does one lookup and one sparse update (per shard) and one dense read
+  and update, whatever the number of features and layers: on parameter
+  servers each of those is a remote operation, every step.
+  """
 
   def __init__(self, config: CtrConfig, seed: int):
     super().__init__(name="ctr")
     self._num_features = len(config.vocab_sizes)
-    init = lambda i: tf_keras.initializers.RandomUniform(-0.05, 0.05, seed=seed + i)
-    self.embeddings = [
-        tf_keras.layers.Embedding(vocab, config.embedding_dim,
-                                  embeddings_initializer=init(f), name=f"embedding_{f}")
-        for f, vocab in enumerate(config.vocab_sizes)]
-    self.mlp = [tf_keras.layers.Dense(units, activation="relu", name=f"hidden_{i}",
-                                      kernel_initializer=tf_keras.initializers.GlorotUniform(
-                                          seed=seed + 100 + i))
-                for i, units in enumerate(config.hidden)]
-    self.logit = tf_keras.layers.Dense(
-        1, name="logit", kernel_initializer=tf_keras.initializers.GlorotUniform(seed=seed + 99))
+    self._dim = config.embedding_dim
+    starts = [0]
+    for vocab in config.vocab_sizes[:-1]:
+      starts.append(starts[-1] + vocab)
+    self._offsets = tf.constant(starts, tf.int64)
+    self.embedding = tf_keras.layers.Embedding(
+        sum(config.vocab_sizes), config.embedding_dim,
+        embeddings_initializer=tf_keras.initializers.RandomUniform(-0.05, 0.05, seed=seed),
+        name="embeddings")
+    self.mlp = PackedMLP(self._num_features * config.embedding_dim + config.num_dense,
+                         (*config.hidden, 1), seed=seed + 100, name="mlp")
 
   def call(self, features, training=False):
-    parts = [layer(features[f"cat_{f}"]) for f, layer in enumerate(self.embeddings)]
-    x = tf.concat(parts + [features["dense"]], axis=1)
-    for layer in self.mlp:
-      x = layer(x)
-    return self.logit(x)
+    ids = tf.stack([tf.cast(features[f"cat_{f}"], tf.int64)
+                    for f in range(self._num_features)], axis=1)
+    rows = self.embedding(ids + self._offsets)  # [batch, features, dim]
+    x = tf.concat([tf.reshape(rows, [-1, self._num_features * self._dim]),
+                   features["dense"]], axis=1)
+    return self.mlp(x)
+
+
+class FusedAdagrad(tf_keras.optimizers.Adagrad):
+  """tf_keras's Adagrad, each update one fused kernel on the variable's device.
+
+  Same state (one accumulator per variable, so checkpoints are
+  interchangeable with `tf_keras.optimizers.Adagrad`) and the same rule up to
+  where epsilon sits (`lr * g / (sqrt(acc) + eps)` instead of
+  `/ sqrt(acc + eps)`, eps = 1e-7). tf_keras builds each update from five to
+  seven small ops; on a parameter server every one of them is a separately
+  scheduled op on the ps, every step. `ResourceSparseApplyAdagradV2` and
+  `ResourceApplyAdagradV2` do the whole update in one. The learning rate is a
+  constant here (no ps read per variable per step).
+  """
+
+  def __init__(self, learning_rate: float, **kwargs):
+    super().__init__(learning_rate, **kwargs)
+    self._constant_lr = float(learning_rate)
+
+  def update_step(self, grad, variable):
+    accumulator = self._accumulators[self._index_dict[self._var_key(variable)]]
+    lr = tf.constant(self._constant_lr, variable.dtype)
+    epsilon = tf.constant(self.epsilon, variable.dtype)
+    if isinstance(grad, tf.IndexedSlices):
+      tf.raw_ops.ResourceSparseApplyAdagradV2(
+          var=variable.handle, accum=accumulator.handle, lr=lr, epsilon=epsilon,
+          grad=grad.values, indices=grad.indices)
+    else:
+      tf.raw_ops.ResourceApplyAdagradV2(
+          var=variable.handle, accum=accumulator.handle, lr=lr, epsilon=epsilon, grad=grad)
 
 
 def _loss(labels, logits):
@@ -282,7 +361,7 @@ def factory(context: experiment_lib.ExperimentContext) -> experiment_lib.Experim
   # Adagrad touches only the embedding rows of a batch (Adam decays every row
   # of every table each step: ~7x slower here). A tiny initial accumulator
   # lets rare ids move from their first update on.
-  optimizer = tf_keras.optimizers.Adagrad(config.learning_rate, initial_accumulator_value=1e-6)
+  optimizer = FusedAdagrad(config.learning_rate, initial_accumulator_value=1e-6)
   optimizer.build(model.trainable_variables)  # Slots exist before a restore.
   global_step = orbit.utils.create_global_step()
   batch = context.global_batch_size

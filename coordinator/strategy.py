@@ -9,7 +9,14 @@ that never answered (`ClusterUnreachableError`, retryable).
 Large variables are split across the ps tasks when `min_shard_bytes` is set
 (a `MinSizePartitioner` with at most one shard per ps): a variable becomes a
 `ShardedVariable` once it is larger than `min_shard_bytes`. Only tf_keras
-(Keras 2) layers work with such variables (FIELD_NOTES.md).
+(Keras 2) layers work with such variables (FIELD_NOTES.md). Smaller
+variables are placed whole, round-robin over the ps tasks.
+
+The default (256 KiB) shards every embedding table of the built-in ctr
+across the ps tasks. Each shard costs a lookup and an update on its ps and a
+partition/stitch on the worker every step; `tfps bench` measured sharding on
+one machine ~1.5x more CPU per step, so `--min_shard_bytes` is a knob:
+raise it to split only tables big enough to unbalance the ps tasks.
 
 Nothing here reads or sets environment variables. TensorFlow's own knobs for
 PS training are environment variables read inside TensorFlow; the process

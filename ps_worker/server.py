@@ -38,6 +38,13 @@ class ServerOptions:
   Attributes:
     inter_op_threads: TF inter-op threads; None picks a safe default (enough
       that concurrent closures cannot deadlock on 2 cores).
+    intra_op_threads: TF intra-op threads; None picks 1 on a ps (its kernels
+      are row gathers and updates, too small to gain from splitting; handing
+      them to other threads costs more than it saves) and TF's default (one
+      per core) on a worker.
+    thread_spinning: let idle TF threads spin waiting for work. Off by
+      default: spinning threads of several tasks on the same cores take CPU
+      from the tasks with work to do (measured: `tfps bench`, README).
     grace_seconds: time between SIGTERM and the hard kill (GKE Spot pods
       ~15 s, Spot VMs ~30 s). On SIGTERM the task warns the chief and stays
       up, at most this long less a safety margin, while the chief saves.
@@ -45,13 +52,16 @@ class ServerOptions:
   """
 
   inter_op_threads: int | None = None
+  intra_op_threads: int | None = None
+  thread_spinning: bool = False
   grace_seconds: float = 15.0
   control_address: str | None = None
 
   def __post_init__(self):
-    if self.inter_op_threads is not None and self.inter_op_threads < 1:
-      raise errors.UsageError(
-          f"inter_op_threads ({self.inter_op_threads}) must be a positive integer")
+    for name in ("inter_op_threads", "intra_op_threads"):
+      value = getattr(self, name)
+      if value is not None and value < 1:
+        raise errors.UsageError(f"{name} ({value}) must be a positive integer")
     if self.grace_seconds <= _GRACE_MARGIN_SECONDS:
       raise errors.UsageError(
           f"grace_seconds ({self.grace_seconds}) must be more than {_GRACE_MARGIN_SECONDS}")
@@ -67,6 +77,18 @@ def _server_cluster(cluster: spec_lib.ClusterSpec) -> dict[str, list[str]]:
           if job != spec_lib.JobType.EVALUATOR.value}
 
 
+def session_config_for(job: spec_lib.JobType, cluster: spec_lib.ClusterSpec,
+                       options: ServerOptions, tf):
+  """The server's ConfigProto: thread pools sized for a shared, small machine."""
+  threads = options.inter_op_threads or inprocess.server_inter_op_threads(
+      cluster.num_tasks(spec_lib.JobType.WORKER))
+  intra = options.intra_op_threads or (1 if job == spec_lib.JobType.PS else 0)  # 0: TF's.
+  session_config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=threads,
+                                            intra_op_parallelism_threads=intra)
+  session_config.experimental.disable_thread_spinning = not options.thread_spinning
+  return session_config
+
+
 def serve(config: spec_lib.TaskConfig, stop: StopSignals,
           options: ServerOptions = ServerOptions()) -> errors.ExitCode:
   """Serves this ps/worker task until a stop signal; returns the exit code."""
@@ -74,9 +96,7 @@ def serve(config: spec_lib.TaskConfig, stop: StopSignals,
     raise errors.UsageError(f"task.type: {config.task.job.value!r} is not a ps or worker role")
   import tensorflow as tf  # Late: start-up cost and log noise only for servers.
 
-  threads = options.inter_op_threads or inprocess.server_inter_op_threads(
-      config.cluster.num_tasks(spec_lib.JobType.WORKER))
-  session_config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=threads)
+  session_config = session_config_for(config.task.job, config.cluster, options, tf)
   if stop.requested:  # Told to stop while TF was importing: do not start.
     return errors.exit_code_for_signal(stop.signum)
   tf.distribute.Server(

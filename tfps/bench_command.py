@@ -4,7 +4,10 @@ Starts a local cluster (`--num_ps`, `--num_workers`) and runs the measuring
 driver (`tfps.bench.driver`) inside its private network, where the chief
 would run. Prints a table on stderr and one JSON line on stdout. With
 `--scaling`, runs tfps alone on clusters of 1, 2 and 4 workers with 1 and 2
-ps. Everything started is ended before it returns.
+ps. With `--recovery`, times checkpoint save/restore at 1M, 10M and 50M
+parameters and runs `tfps chaos` with one worker, one ps and one chief kill
+(seconds from each fault until training progresses again). Everything
+started is ended before it returns.
 
 The machine is shared: the load average is recorded before and after, and
 a warning says when it was too high for the numbers to mean much.
@@ -29,8 +32,13 @@ from tfps.bench import report
 
 _QUIET_LOAD = 1.5
 # --quick: shorter windows; still the median of 3.
-_QUICK = {"window_steps": 300, "warmup_steps": 60, "noop_closures": 200}
+_QUICK = {"window_steps": 200, "warmup_steps": 40, "noop_closures": 200}
 SCALING = ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4))  # (ps, workers)
+# --recovery: one fault of each kind, far enough apart that each recovers
+# first; training long enough to outlast them (tfps chaos fails otherwise).
+RECOVERY_FAULTS = "worker:0@10:kill+5,ps:0@35:kill+5,chief:0@70:kill+3"
+RECOVERY_TRAIN_STEPS = 30000
+CHECKPOINT_PARAMS = (1_000_000, 10_000_000, 50_000_000)
 
 
 def bench_config(flags, **overrides) -> config_lib.BenchConfig:
@@ -99,10 +107,56 @@ def _scaling(flags, work_dir: str) -> list[dict]:
     rows.append({"num_ps": num_ps, "num_workers": num_workers,
                  "examples_per_sec": size["examples_per_sec"]["tfps"],
                  "closure_overhead_us": size.get("closure_overhead_us"),
+                 "cpu_ms_per_step": size["sizes"][config.sizes[0]]["cpu_ms_per_step"]["tfps"],
                  "eval_auc": size["eval_auc"]["tfps"]})
     logging.info("scaling: %d ps, %d workers: %s examples/s", num_ps, num_workers,
                  f"{rows[-1]['examples_per_sec']:,}")
   return rows
+
+
+def _recovery(flags, work_dir: str) -> dict:
+  """Seconds from fault to progress (via `tfps chaos`) and checkpoint cost by size."""
+  config = bench_config(flags, sizes=(), checkpoint_params=CHECKPOINT_PARAMS,
+                        work_dir=work_dir)
+  checkpoint = run_driver(config, num_ps=flags.num_ps, num_workers=flags.num_workers,
+                          work_dir=work_dir, isolate_network=flags.isolate_network,
+                          ready_timeout=flags.ready_timeout)["checkpoint"]
+  chaos_dir = os.path.join(work_dir, "chaos")
+  argv = [sys.executable, "-m", "tfps", "chaos", f"--faults={RECOVERY_FAULTS}",
+          f"--train_steps={RECOVERY_TRAIN_STEPS}", f"--model_dir={chaos_dir}",
+          f"--num_ps={flags.num_ps}", f"--num_workers={flags.num_workers}",
+          f"--checkpoint_interval={flags.checkpoint_interval}"]
+  logging.info("recovery: %s (log in %s)", " ".join(argv[2:]), chaos_dir)
+  os.makedirs(chaos_dir, exist_ok=True)
+  with open(os.path.join(chaos_dir, "chaos.log"), "w", encoding="utf-8") as log:
+    chaos = processes.spawn(argv, stdout=subprocess.PIPE, stderr=log)
+    try:
+      out, _ = chaos.communicate()
+    finally:
+      processes.stop_group(chaos, grace=10.0)
+  lines = [l for l in out.decode().splitlines() if l.startswith("{")]
+  if not lines:
+    raise errors.PermanentError(f"tfps chaos exited {chaos.returncode} without a result; "
+                                f"see {chaos_dir}/chaos.log")
+  report_ = json.loads(lines[-1])
+  return {"faults": report_.get("faults", []), "chaos_status": report_.get("status"),
+          "steps_lost": report_.get("steps_lost"), "checkpoint_interval":
+          flags.checkpoint_interval, "checkpoint": checkpoint}
+
+
+def _recovery_lines(result: dict) -> list[str]:
+  lines = [f"{'fault':<24} {'recovered':>9} {'s to recover':>12} {'steps lost':>10}"]
+  for f in result["faults"]:
+    seconds = f.get("seconds_to_recover")
+    lines.append(f"{f.get('target', '?') + ' ' + str(f.get('action', '')):<24} "
+                 f"{str(f.get('recovered')):>9} "
+                 f"{'-' if seconds is None else f'{seconds:.1f}':>12} "
+                 f"{f.get('steps_lost', 0):>10}")
+  lines.append(f"{'parameters':>12} {'checkpoint MB':>13} {'save s':>7} {'restore s':>9}")
+  for row in result["checkpoint"]:
+    lines.append(f"{row['parameters']:>12,} {row['checkpoint_bytes'] / 1e6:>13.1f} "
+                 f"{row['save_seconds']:>7.2f} {row['restore_seconds']:>9.2f}")
+  return lines
 
 
 def run(flags) -> errors.ExitCode:
@@ -116,11 +170,17 @@ def run(flags) -> errors.ExitCode:
                     "ratios are side by side, absolute numbers will be low", load_before,
                     _QUIET_LOAD)
   start = time.monotonic()
-  if flags.scaling:
+  if flags.recovery:
+    result = {"recovery": _recovery(flags, work_dir)}
+    lines = _recovery_lines(result["recovery"])
+  elif flags.scaling:
     result = {"scaling": _scaling(flags, work_dir)}
-    lines = [f"{'ps':>3} {'workers':>7} {'examples/s':>11} {'AUC':>7}"]
+    lines = [f"{'ps':>3} {'workers':>7} {'examples/s':>11} {'AUC':>7} "
+             f"{'CPU ms/step: ps':>15} {'workers':>7} {'chief':>5}"]
     lines += [f"{r['num_ps']:>3} {r['num_workers']:>7} {r['examples_per_sec']:>11,} "
-              f"{r['eval_auc']:>7.4f}" for r in result["scaling"]]
+              f"{r['eval_auc']:>7.4f} {r['cpu_ms_per_step'].get('ps', 0):>15.2f} "
+              f"{r['cpu_ms_per_step'].get('worker', 0):>7.2f} "
+              f"{r['cpu_ms_per_step'].get('chief', 0):>5.2f}" for r in result["scaling"]]
   else:
     raw = run_driver(config, num_ps=flags.num_ps, num_workers=flags.num_workers,
                      work_dir=work_dir, isolate_network=flags.isolate_network,

@@ -32,6 +32,12 @@ flags.DEFINE_list("ps_hosts", [], "host:port of every ps task (instead of TF_CON
 flags.DEFINE_list("worker_hosts", [], "host:port of every worker task.")
 flags.DEFINE_string("chief_host", None, "host:port of the chief.")
 flags.DEFINE_integer("inter_op_threads", None, "TF inter-op threads of a ps/worker server.")
+flags.DEFINE_integer("intra_op_threads", None,
+                     "TF intra-op threads of a ps/worker server (default: 1 on a ps, "
+                     "one per core on a worker).")
+flags.DEFINE_bool("thread_spinning", False,
+                  "ps/worker: let idle TF threads spin (off: they sleep, leaving the "
+                  "cores to tasks with work).")
 flags.DEFINE_float("grace_seconds", 15.0,
                    "Seconds between SIGTERM and the hard kill (GKE Spot pods ~15, Spot VMs ~30).")
 flags.DEFINE_bool("preemption_notice", True,
@@ -92,8 +98,11 @@ flags.DEFINE_bool("worker_never_returns", False, "tfps chaos: one worker fault i
 flags.DEFINE_bool("quick", False, "tfps bench: short windows (whole run under 5 minutes).")
 flags.DEFINE_bool("scaling", False,
                   "tfps bench: tfps alone on 1/2/4 workers x 1/2 ps (first --bench_sizes).")
+flags.DEFINE_bool("recovery", False,
+                  "tfps bench: seconds from worker/ps/chief kill to progress (tfps chaos) "
+                  "and checkpoint save/restore time at 1M/10M/50M parameters.")
 flags.DEFINE_integer("repeats", 3, "tfps bench: timed windows per variant (median reported).")
-flags.DEFINE_integer("window_steps", 1000, "tfps bench: steps in one timed window.")
+flags.DEFINE_integer("window_steps", 500, "tfps bench: steps in one timed window.")
 flags.DEFINE_integer("warmup_steps", 200, "tfps bench: untimed steps before the first window.")
 flags.DEFINE_list("bench_sizes", ["default", "dense"],
                   "tfps bench: ctr model sizes (default, dense, tiny).")

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import traceback
 
 from absl import logging
 
@@ -47,7 +48,8 @@ def run(flags) -> errors.ExitCode:
   try:
     if config.task.job in (spec_lib.JobType.PS, spec_lib.JobType.WORKER):
       code = server.serve(config, stop, server.ServerOptions(
-          inter_op_threads=flags.inter_op_threads, grace_seconds=flags.grace_seconds,
+          inter_op_threads=flags.inter_op_threads, intra_op_threads=flags.intra_op_threads,
+          thread_spinning=flags.thread_spinning, grace_seconds=flags.grace_seconds,
           control_address=_control_address(config) if flags.preemption_notice else None))
       stderr_filter.close()
       # A running TF server cannot be destroyed cleanly; leave without
@@ -59,9 +61,45 @@ def run(flags) -> errors.ExitCode:
           "run the chief with --mode=train_and_eval instead")
     if flags.supervise:
       return _supervise_chief(config, flags, stop)
-    return _run_chief(config, flags, stop)
+    code = _coordinate(config, flags, stop)
+    sys.stdout.flush()
+    stderr_filter.close()
+    # TF's ClusterCoordinator destructor can wait forever at interpreter
+    # shutdown (on a lock of a worker-recovery thread that shutdown froze);
+    # everything is saved and flushed, so leave without destructors.
+    os._exit(int(code))
   finally:
     stderr_filter.close()
+
+
+def _coordinate(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCode:
+  """Runs the coordinator; any failure becomes one line and an exit code."""
+  try:
+    return _run_chief(config, flags, stop)
+  except errors.TfpsError as e:
+    error, code, message = e, e.exit_code, str(e)
+  except Exception as e:  # A bug of ours: still one line, the rest in a file.
+    error, code = e, errors.ExitCode.PERMANENT
+    message = f"internal error: {type(e).__name__}: {e}"
+  details = _write_details(flags.model_dir, error)
+  suffix = f" (details: {details})" if details else ""
+  sys.stderr.write(f"tfps: error: {message}{suffix}\n")
+  return code
+
+
+def _write_details(model_dir: str | None, error: BaseException) -> str | None:
+  """Appends the full error chain to model_dir/errors.log; returns its path."""
+  if error.__cause__ is None and isinstance(error, errors.UsageError):
+    return None  # Bad input: the one line says everything.
+  if not model_dir or not os.path.isdir(model_dir):
+    return None
+  path = os.path.join(model_dir, "errors.log")
+  try:
+    with open(path, "a", encoding="utf-8") as f:
+      f.write("".join(traceback.format_exception(error)) + "\n")
+  except OSError:
+    return None
+  return path
 
 
 def _control_address(config: spec_lib.TaskConfig) -> str | None:

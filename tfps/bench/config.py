@@ -63,22 +63,32 @@ class BenchConfig:
     global_batch_size: examples per step.
     seed: data and initialisation seed (the same for every variant).
     noop_closures: empty closures scheduled to time dispatch overhead.
+    checkpoint_params: model sizes (parameters) whose checkpoint save and
+      restore are timed (`checkpoint_cost`); () for none.
+    work_dir: where the checkpoint timing writes (driver side).
   """
 
   sizes: tuple[str, ...] = ("default", "dense")
   variants: tuple[Variant, ...] = tuple(Variant)
   repeats: int = 3
-  window_steps: int = 1000
+  window_steps: int = 500
   warmup_steps: int = 200
   steps_per_loop: int = 200
   steps_per_closure: int = 50
   global_batch_size: int = 512
   seed: int = 0
   noop_closures: int = 400
+  checkpoint_params: tuple[int, ...] = ()
+  work_dir: str = ""
 
   def __post_init__(self):
-    if not self.sizes:
+    object.__setattr__(self, "checkpoint_params", tuple(self.checkpoint_params))
+    if not self.sizes and not self.checkpoint_params:
       raise errors.UsageError("bench_sizes () must name at least one size")
+    if any(isinstance(p, bool) or not isinstance(p, int) or p < 1
+           for p in self.checkpoint_params):
+      raise errors.UsageError(
+          f"checkpoint_params ({self.checkpoint_params!r}) must be positive integers")
     for size in self.sizes:
       if size not in SIZES:
         raise errors.UsageError(
@@ -108,4 +118,5 @@ class BenchConfig:
   def from_json(cls, text: str) -> "BenchConfig":
     d = json.loads(text)
     d["sizes"], d["variants"] = tuple(d["sizes"]), tuple(d["variants"])
+    d["checkpoint_params"] = tuple(d.get("checkpoint_params", ()))
     return cls(**d)

@@ -17,7 +17,6 @@ to OUT. Every PS variant shares one ParameterServerStrategy and its
 ClusterCoordinator (TensorFlow allows one cluster per process).
 """
 
-import gc
 import json
 import os
 import sys
@@ -27,51 +26,60 @@ from absl import logging
 
 from cluster import spec as spec_lib
 from tfps.bench import config as config_lib
+from tfps.bench import cpu as cpu_lib
 
 Variant = config_lib.Variant
 
 
-def _build(variant, runtime, params, config):
+def _build(variant, runtimes, params, config):
   from tfps.bench import patterns
   common = dict(batch_size=config.global_batch_size, seed=config.seed,
                 steps_per_loop=config.steps_per_loop)
   if variant == Variant.SINGLE_PROCESS:
     return patterns.SingleProcess(params, **common)
   if variant == Variant.TUTORIAL:
-    return patterns.Tutorial(runtime, params, **common)
+    return patterns.Tutorial(runtimes["stock"], params, **common)
   if variant == Variant.MODEL_GARDEN:
-    return patterns.ModelGarden(runtime, params, **common)
-  return patterns.Tfps(runtime, params, steps_per_closure=config.steps_per_closure, **common)
+    return patterns.ModelGarden(runtimes["stock"], params, **common)
+  return patterns.Tfps(runtimes["tfps"], params, steps_per_closure=config.steps_per_closure,
+                       **common)
 
 
-def _window(run, steps: int) -> tuple[int, float]:
-  """Trains `steps` steps; returns (steps that ran, seconds)."""
+def _window(run, steps: int, meter: cpu_lib.CpuMeter) -> tuple[int, float, dict]:
+  """Trains `steps` steps; returns (steps that ran, seconds, CPU ms per step by role)."""
   before = int(run.global_step.numpy())
+  cpu_before = meter.read()
   start = time.perf_counter()
   run.train(steps)
   seconds = time.perf_counter() - start
-  return int(run.global_step.numpy()) - before, seconds
+  ran = int(run.global_step.numpy()) - before
+  return ran, seconds, meter.per_step_ms(cpu_before, meter.read(), ran)
 
 
-def measure_size(size: str, runtime, config: config_lib.BenchConfig) -> dict:
+def measure_size(size: str, runtimes, config: config_lib.BenchConfig,
+                 meter: cpu_lib.CpuMeter) -> dict:
   params = dict(config_lib.SIZES[size])
   runs = {}
   for variant in config.variants:
     logging.info("%s/%s: building and warming up (%d steps)", size, variant,
                  config.warmup_steps)
-    runs[variant] = _build(variant, runtime, params, config)
+    runs[variant] = _build(variant, runtimes, params, config)
     runs[variant].train(config.warmup_steps)
-  results = {v.value: {"examples_per_sec": [], "window_seconds": []} for v in runs}
+    if runs[variant].timer is not None:
+      runs[variant].timer.reset()  # Tracing is not dispatch.
+  results = {v.value: {"examples_per_sec": [], "window_seconds": [], "cpu_ms_per_step": []}
+             for v in runs}
   order = list(runs)
   for repeat in range(config.repeats):
     for variant in order[repeat % len(order):] + order[:repeat % len(order)]:
-      steps, seconds = _window(runs[variant], config.window_steps)
+      steps, seconds, cpu = _window(runs[variant], config.window_steps, meter)
       rate = steps * config.global_batch_size / seconds
       results[variant.value]["examples_per_sec"].append(rate)
       results[variant.value]["window_seconds"].append(seconds)
-      logging.info("%s/%s window %d/%d: %d steps in %.2fs, %s examples/s (load %s)",
-                   size, variant, repeat + 1, config.repeats, steps, seconds,
-                   f"{rate:,.0f}", _load())
+      results[variant.value]["cpu_ms_per_step"].append(cpu)
+      logging.info("%s/%s window %d/%d: %d steps in %.2fs, %s examples/s, CPU ms/step %s "
+                   "(load %s)", size, variant, repeat + 1, config.repeats, steps, seconds,
+                   f"{rate:,.0f}", cpu, _load())
   for variant, run in runs.items():
     result = results[variant.value]
     result["steps"] = int(run.global_step.numpy())
@@ -81,8 +89,6 @@ def measure_size(size: str, runtime, config: config_lib.BenchConfig) -> dict:
       result["schedule_us"] = run.timer.micros_per_call
     logging.info("%s/%s: AUC %.4f after %d steps", size, variant, result["eval_auc"],
                  result["steps"])
-  del runs
-  gc.collect()
   return results
 
 
@@ -98,14 +104,28 @@ def run(spec_path: str, config: config_lib.BenchConfig) -> dict:
   from coordinator import strategy as strategy_lib
   from tfps.bench import patterns
   cluster = spec_lib.from_json_file(spec_path, job_name="chief", task_index=0).cluster
-  runtime = strategy_lib.connect(cluster, ready_timeout=120.0)
-  out = {"sizes": {}}
-  for size in config.sizes:
-    out["sizes"][size] = measure_size(size, runtime, config)
-  if any(v != Variant.SINGLE_PROCESS for v in config.variants):
-    out["noop_closure_us"] = patterns.noop_closure_micros(runtime.coordinator,
+  tfps_runtime = strategy_lib.connect(cluster, ready_timeout=120.0)
+  runtimes = {"tfps": tfps_runtime, "stock": patterns.stock_runtime(cluster)}
+  meter = cpu_lib.CpuMeter(spec_path)
+  from coordinator import trainer as trainer_lib
+  out = {"sizes": {}, "setup": {
+      "stock": {"min_shard_bytes": patterns.TUTORIAL_MIN_SHARD_BYTES},
+      "tfps": {"min_shard_bytes": strategy_lib.DEFAULT_MIN_SHARD_BYTES,
+               "unroll": trainer_lib.DEFAULT_UNROLL,
+               "steps_per_closure": config.steps_per_closure}}}
+  if config.checkpoint_params:
+    from tfps.bench import checkpoint_cost
+    out["checkpoint"] = checkpoint_cost.measure(tfps_runtime, config.checkpoint_params,
+                                                config.work_dir)
+    for row in out["checkpoint"]:
+      logging.info("checkpoint of %s parameters: save %.2fs, restore %.2fs",
+                   f"{row['parameters']:,}", row["save_seconds"], row["restore_seconds"])
+  if config.sizes and any(v != Variant.SINGLE_PROCESS for v in config.variants):
+    out["noop_closure_us"] = patterns.noop_closure_micros(tfps_runtime.coordinator,
                                                           config.noop_closures)
     logging.info("empty closure: %.0f µs each", out["noop_closure_us"])
+  for size in config.sizes:
+    out["sizes"][size] = measure_size(size, runtimes, config, meter)
   return out
 
 

@@ -10,7 +10,11 @@ whichever pattern runs); only the way steps reach the workers differs:
 * `ModelGarden`: Model Garden's async trainer: Orbit builds its usual
   `tf.while_loop` over `train_step`, the whole loop is *one* closure per
   Orbit loop, and `train_loop_end` joins (so one worker works at a time).
-* `Tfps`: `coordinator.trainer.PSTrainer`, exactly as the chief builds it.
+* `Tfps`: `coordinator.trainer.PSTrainer`, exactly as the chief builds it,
+  on a runtime from `coordinator.strategy.connect` (tfps's own defaults).
+
+The stock patterns run on `stock_runtime`: the strategy as TF's tutorial
+builds it.
 
 Each has `train(num_steps)`, which returns once those steps have run (no
 closure still in flight), `evaluate()` (exact AUC over the whole eval set)
@@ -24,6 +28,7 @@ import time
 import orbit
 import tensorflow as tf
 
+from cluster import spec as spec_lib
 from coordinator import ctr
 from coordinator import evaluator as evaluator_lib
 from coordinator import experiment as experiment_lib
@@ -47,12 +52,39 @@ class ScheduleTimer:
       self.seconds += time.perf_counter() - start
       self.calls += 1
 
+  def reset(self) -> None:
+    self.calls, self.seconds = 0, 0.0
+
   @property
   def micros_per_call(self) -> float:
     return 1e6 * self.seconds / self.calls if self.calls else 0.0
 
   def __getattr__(self, name):
     return getattr(self._coordinator, name)
+
+
+# TF's PS tutorial: `MinSizePartitioner(min_shard_bytes=256 << 10,
+# max_shards=NUM_PS)`; Model Garden's default ParameterServerStrategy setup
+# has no partitioner at all. The stock patterns get the tutorial's.
+TUTORIAL_MIN_SHARD_BYTES = 256 << 10
+
+
+def stock_runtime(cluster: spec_lib.ClusterSpec) -> strategy_lib.PSRuntime:
+  """ParameterServerStrategy + ClusterCoordinator exactly as TF's PS tutorial builds them.
+
+  Call after `strategy_lib.connect` on the same cluster (which waits for it):
+  both strategies then share this process's one connection to the cluster.
+  """
+  cluster = cluster.for_coordinator()
+  num_ps = cluster.num_tasks(spec_lib.JobType.PS)
+  resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+      tf.train.ClusterSpec(cluster.as_dict()), rpc_layer="grpc")
+  strategy = tf.distribute.experimental.ParameterServerStrategy(
+      resolver, variable_partitioner=tf.distribute.experimental.partitioners.MinSizePartitioner(
+          min_shard_bytes=TUTORIAL_MIN_SHARD_BYTES, max_shards=num_ps))
+  coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+  return strategy_lib.PSRuntime(strategy=strategy, coordinator=coordinator, cluster=cluster,
+                                partitioned=True)
 
 
 class _Quiet(io.TextIOBase):
@@ -204,10 +236,10 @@ class Tfps(_Distributed):
   """tfps's PSTrainer, built as the chief builds it, under an Orbit Controller."""
 
   def __init__(self, runtime, params, *, batch_size: int, seed: int, steps_per_loop: int,
-               steps_per_closure: int):
+               steps_per_closure: int, unroll: int = trainer_lib.DEFAULT_UNROLL):
     super().__init__(runtime, params, batch_size=batch_size, seed=seed)
     self._trainer = trainer_lib.PSTrainer(self.experiment.trainer, self.runtime,
-                                          steps_per_closure=steps_per_closure)
+                                          steps_per_closure=steps_per_closure, unroll=unroll)
     self._controller = _controller(self._trainer, self.global_step, steps_per_loop,
                                    runtime.strategy)
 

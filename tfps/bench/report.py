@@ -18,6 +18,12 @@ def _ratio(num: float | None, den: float | None) -> float | None:
   return round(num / den, 3)
 
 
+def _median_cpu(windows: list[Mapping[str, float]]) -> dict[str, float]:
+  roles = sorted({role for w in windows for role in w})
+  return {role: round(statistics.median(w.get(role, 0.0) for w in windows), 2)
+          for role in roles}
+
+
 def summarize_size(raw: Mapping[str, Any]) -> dict[str, Any]:
   """Medians and ratios of one model size (raw: variant -> measurements)."""
   eps = {v: round(statistics.median(m["examples_per_sec"])) for v, m in raw.items()}
@@ -31,6 +37,8 @@ def summarize_size(raw: Mapping[str, Any]) -> dict[str, Any]:
       "steps": {v: m["steps"] for v, m in raw.items()},
       "repeats_examples_per_sec": {v: [round(x) for x in m["examples_per_sec"]]
                                    for v, m in raw.items()},
+      "cpu_ms_per_step": {v: _median_cpu(m["cpu_ms_per_step"]) for v, m in raw.items()
+                          if m.get("cpu_ms_per_step")},
       "schedule_us": {v: round(m["schedule_us"], 1) for v, m in raw.items()
                       if "schedule_us" in m},
       "closures": {v: m["closures"] for v, m in raw.items() if "closures" in m},
@@ -45,6 +53,8 @@ def summarize(raw: Mapping[str, Any]) -> dict[str, Any]:
                                      "ratio_vs_single_process", "eval_auc")}
   out["size"] = next(iter(sizes))
   out["sizes"] = sizes
+  if "setup" in raw:
+    out["setup"] = raw["setup"]
   if "noop_closure_us" in raw:
     out["closure_overhead_us"] = round(raw["noop_closure_us"], 1)
   return out
@@ -57,7 +67,8 @@ def _fmt(value, spec: str, missing: str = "-") -> str:
 def table(summary: Mapping[str, Any], *, repeats: int) -> str:
   """A readable table of every size and variant."""
   header = (f"{'size':<8} {'variant':<15} {'examples/s':>11} {'min..max':>17} "
-            f"{'x single':>8} {'x stock':>8} {'AUC':>7} {'steps':>6} {'us/schedule':>11}")
+            f"{'x single':>8} {'x stock':>8} {'AUC':>7} {'steps':>6} {'us/schedule':>11} "
+            f"{'CPU ms/step':>11}")
   lines = [f"examples/s: median of {repeats} timed windows; AUC: exact, whole eval set, "
            "after the same number of steps", header, "-" * len(header)]
   for size, s in summary["sizes"].items():
@@ -70,7 +81,10 @@ def table(summary: Mapping[str, Any], *, repeats: int) -> str:
           f"{size:<8} {variant:<15} {rate:>11,} {min(runs):>8,}..{max(runs):<8,} "
           f"{_fmt(_ratio(rate, single), '.2f'):>8} {_fmt(_ratio(rate, stock), '.2f'):>8} "
           f"{s['eval_auc'][variant]:>7.4f} {s['steps'][variant]:>6} "
-          f"{_fmt(s['schedule_us'].get(variant), ',.0f'):>11}")
+          f"{_fmt(s['schedule_us'].get(variant), ',.0f'):>11} "
+          f"{_fmt(s['cpu_ms_per_step'].get(variant, {}).get('total'), '.1f'):>11}")
+  lines.append("CPU ms/step: CPU time of every process of the run (chief, ps, workers) "
+               "per training step")
   if "closure_overhead_us" in summary:
     lines.append(f"empty closure, dispatch to done: {summary['closure_overhead_us']:,.0f} us "
                  "(coordinator + RPC, all workers)")
