@@ -47,9 +47,10 @@ def test_stop_group_ends_a_stopped_process_and_its_children():
   processes.signal_group(process, signal.SIGSTOP)
   code = processes.stop_group(process, grace=1.0)
   assert code is not None and code != 0
-  # No process of its group is left.
-  out = subprocess.run(["pgrep", "-g", str(process.pid)], capture_output=True, text=True)
-  assert out.stdout.strip() == ""
+  # No process of its group is left (a SIGKILLed one can take a moment to go).
+  group_empty = lambda: subprocess.run(
+      ["pgrep", "-g", str(process.pid)], capture_output=True, text=True).stdout.strip() == ""
+  processes.wait_until(group_empty, timeout=5, what=f"process group {process.pid} to be empty")
 
 
 def test_wait_until_names_what_it_waited_for():
