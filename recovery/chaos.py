@@ -154,16 +154,13 @@ class FaultOutcome:
 
 def report(outcomes: Sequence[FaultOutcome]) -> dict:
   """The fault part of `tfps chaos`'s JSON line."""
-  seconds = [o.seconds_to_recover for o in outcomes if o.seconds_to_recover is not None]
+  faults = [o.as_dict() for o in outcomes]
   return {
       "faults_injected": len(outcomes),
       "recoveries": sum(1 for o in outcomes if o.recovered),
-      "faults": [o.as_dict() for o in outcomes],
+      "faults": faults,
       "steps_lost": sum(o.steps_lost for o in outcomes),
-      "recovery_seconds": {
-          "p50": round(statistics.median(seconds), 2) if seconds else None,
-          "max": round(max(seconds), 2) if seconds else None,
-      },
+      "recovery_seconds": _seconds(faults),
   }
 
 
@@ -215,3 +212,43 @@ class RecoveryTracker:
   def outcomes(self) -> list[FaultOutcome]:
     return [FaultOutcome(f.fault, f.injected_at, f.seconds_to_recover is not None,
                          f.seconds_to_recover, f.steps_lost) for f in self._faults]
+
+
+def fault_kind(fault: dict) -> str:
+  """A reported fault's row in a soak table: `worker kill`, `ps term`, `worker never`..."""
+  job = fault["target"].partition(":")[0]
+  return f"{job} never" if fault.get("back_after") is NEVER else f"{job} {fault['action']}"
+
+
+def soak_summary(results: Sequence[dict | None]) -> dict:
+  """Adds up several `tfps chaos` JSON lines (None: a run that printed none).
+
+  A run counts as finished only with status "ok" (every fault recovered and
+  every end-of-run check passed). Recovery seconds are pooled over runs,
+  overall and per kind of fault.
+  """
+  faults = [f for r in results if r for f in r.get("faults", ())]
+  kinds: dict[str, list[dict]] = {}
+  for fault in faults:
+    kinds.setdefault(fault_kind(fault), []).append(fault)
+  return {
+      "runs": len(results),
+      "runs_finished": sum(1 for r in results if r and r.get("status") == "ok"),
+      "faults_injected": len(faults),
+      "recoveries": sum(1 for f in faults if f["recovered"]),
+      "steps_lost": sum(f["steps_lost"] for f in faults),
+      "recovery_seconds": _seconds(faults),
+      "by_kind": {kind: {"faults": len(group),
+                         "recovered": sum(1 for f in group if f["recovered"]),
+                         "recovery_seconds": _seconds(group),
+                         "steps_lost_max": max(f["steps_lost"] for f in group)}
+                  for kind, group in sorted(kinds.items())},
+  }
+
+
+def _seconds(faults: Sequence[dict]) -> dict:
+  seconds = sorted(f["seconds_to_recover"] for f in faults
+                   if f["seconds_to_recover"] is not None)
+  if not seconds:
+    return {"p50": None, "max": None}
+  return {"p50": round(statistics.median(seconds), 2), "max": round(seconds[-1], 2)}

@@ -79,6 +79,10 @@ _CONTINUATION = re.compile(
     r"|\s*\[\[.*\]\]$|\s*\[Op:\w+\]"
     # Protobuf text (e.g. a session config TF dumps after its header line).
     r"|\s*[a-z_]+ \{$|\s*\}$|\s+[a-z_]+: \S.*$|[a-z_]+: (?:true|false|-?\d+|\"[^\"]*\")$)")
+# gRPC's own detail lines: they make the TF record just before them a gRPC
+# record even when its header line names no status code (e.g. "Unable to find
+# a context_id ... Perhaps the worker was restarted", status on a later line).
+_GRPC_DETAIL = re.compile(r"^(?:Additional GRPC error information|:\w+:Error received from peer)")
 # A gRPC record longer than this is cut: its summary is emitted, the rest dropped.
 _MAX_RECORD_LINES = 200
 
@@ -101,10 +105,20 @@ class LogSummarizer:
     self._events: dict[tuple[str, str], _Event] = {}
     self._record: list[str] | None = None  # The gRPC record being collected.
     self._dropping = False  # In a noise record: drop its continuation lines.
+    # A TF header line with no status code, held until the next line shows
+    # whether gRPC detail lines follow it (then it opens a record).
+    self._held: tuple[str, str] | None = None  # (line, message)
 
   def feed(self, line: str, now: float) -> list[str]:
     """Returns the lines to show, given one more input `line` (no newline)."""
     header = _HEADER.match(line)
+    if self._held is not None:
+      held_line, held_message = self._held
+      self._held = None
+      if header is None and _GRPC_DETAIL.match(line):
+        self._record = [held_message, line]
+        return []
+      return [held_line] + self.feed(line, now)
     if line.startswith("tfps: "):  # Our own one-line errors always show.
       return self.flush(now) + [line]
     if header is None and _CONTINUATION.match(line):
@@ -125,10 +139,16 @@ class LogSummarizer:
         _from_tensorflow(header) and any(p.search(message) for _, p in _REASONS)):
       self._record = [message]  # Its status code may come on a later line.
       return out
+    if _from_tensorflow(header):
+      self._held = (line, message)
+      return out
     return out + [line]
 
   def flush(self, now: float) -> list[str]:
     """Ends the record being collected; returns its summary line, if shown."""
+    if self._held is not None:
+      held_line, self._held = self._held[0], None
+      return [held_line]
     if self._record is None:
       return []
     text = "\n".join(self._record)

@@ -122,3 +122,28 @@ def test_link_cuts_are_drawn_only_with_network_faults():
   assert any(f.action == chaos.FaultAction.CUT for s in range(20) for f in draw(s, True))
   cut = chaos.parse_faults("ps:0@70:cut+8", CLUSTER)[0]
   assert chaos.FaultOutcome(cut, 70.0, True, 9.0).as_dict()["signal"] == "LINK_DOWN"
+
+
+def _reported(target, action, seconds, lost=0, back_after=5.0):
+  return {"target": target, "action": action, "back_after": back_after,
+          "recovered": seconds is not None, "seconds_to_recover": seconds, "steps_lost": lost}
+
+
+def test_soak_summary_pools_runs_and_splits_by_kind_of_fault():
+  runs = [
+      {"status": "ok", "faults": [_reported("worker:1", "kill", 4.0),
+                                  _reported("ps:0", "kill", 20.0, lost=150)]},
+      {"status": "failed", "faults": [_reported("ps:0", "kill", None),
+                                      _reported("worker:0", "kill", 2.0, back_after=None)]},
+      None,  # A run that printed no result.
+  ]
+  summary = chaos.soak_summary(runs)
+  assert (summary["runs"], summary["runs_finished"]) == (3, 1)
+  assert (summary["faults_injected"], summary["recoveries"], summary["steps_lost"]) == (4, 3, 150)
+  assert summary["recovery_seconds"] == {"p50": 4.0, "max": 20.0}
+  assert summary["by_kind"]["ps kill"] == {
+      "faults": 2, "recovered": 1, "recovery_seconds": {"p50": 20.0, "max": 20.0},
+      "steps_lost_max": 150}
+  assert summary["by_kind"]["worker never"]["faults"] == 1
+  assert summary["by_kind"]["worker kill"]["recovery_seconds"] == {"p50": 4.0, "max": 4.0}
+  assert chaos.soak_summary([None])["recovery_seconds"] == {"p50": None, "max": None}

@@ -148,3 +148,31 @@ def test_our_error_line_is_never_absorbed_into_a_tf_record():
   record = [REFUSED.format(port=9), "tfps: error: lost the cluster during training: x"]
   assert feed_all(log_summary.LogSummarizer(), record) == [
       "grpc: UNAVAILABLE from 127.0.0.1:9: connection refused", record[1]]
+
+
+def test_a_tf_record_whose_status_code_is_only_in_its_grpc_details():
+  # Seen after a worker restart: the header names no code; gRPC's detail lines
+  # carry grpc_status:10 (ABORTED). The header must not leak raw.
+  lines = [
+      "W0000 00:00:1795305556.405225    8749 remote_mgr.cc:200] Unable to find a context_id "
+      "matching the specified one (4711). Perhaps the worker was restarted, or the context "
+      "was GC'd?",
+      "Additional GRPC error information from remote target /job:worker/replica:0/task:1 "
+      "while calling /tensorflow.eager.EagerService/Enqueue:",
+      ":UNKNOWN:Error received from peer  {grpc_message:\"Unable to find a context_id\", "
+      "grpc_status:10, created_time:\"2026-11-22T01:00:00+00:00\"}",
+      "I1122 01:00:01.000000 140444550441856 progress.py:80] step 400",
+  ]
+  assert feed_all(log_summary.LogSummarizer(), lines) == [
+      "grpc: ABORTED from worker:1", lines[-1]]
+
+
+def test_a_tf_line_without_grpc_details_is_shown_unchanged_and_in_order():
+  lines = [
+      "W0000 00:00:1795305556.405225    8749 some_op.cc:12] something TF wants said",
+      "I1122 01:00:01.000000 140444550441856 progress.py:80] step 400",
+  ]
+  summarizer = log_summary.LogSummarizer()
+  assert summarizer.feed(lines[0], 0.0) == []  # Held: details may follow.
+  assert summarizer.feed(lines[1], 0.1) == lines
+  assert summarizer.feed(lines[0], 0.2) == [] and summarizer.flush(0.7) == [lines[0]]

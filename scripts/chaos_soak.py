@@ -1,0 +1,92 @@
+"""Chaos soak: several seeded `tfps chaos` runs, one after another, added up.
+
+  python scripts/chaos_soak.py --runs=6 --fault_count=9 --work_dir=/tmp/soak
+
+Run i uses seed `--seed + i` and its own model_dir under `--work_dir`. Each
+run's JSON line is kept in `<work_dir>/run-<seed>/chaos.json` and its stderr
+in `chaos.log`; at the end a table goes to stderr and one JSON line to stdout:
+runs, runs_finished, faults_injected, recoveries, steps_lost,
+recovery_seconds {p50, max} and the same per kind of fault (`ps kill`,
+`chief term`, ...). A run that outlives `--run_deadline` is ended (its whole
+process group) and counted as not finished. Exit 0 only if every run
+finished.
+
+Flags after `--` go to every `tfps chaos` run unchanged.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from cluster import processes
+from recovery import chaos
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("runs", 6, "Chaos runs.")
+flags.DEFINE_integer("seed", 1, "Seed of the first run; run i uses seed + i.")
+flags.DEFINE_integer("fault_count", 9, "Random faults per run (>= 3).")
+flags.DEFINE_float("chaos_duration", 200.0, "Seconds of training each run spreads its faults over.")
+flags.DEFINE_integer("train_steps", 60000, "Steps each run must reach (outlast the faults).")
+flags.DEFINE_string("work_dir", None, "Where each run's model_dir and logs go.")
+flags.DEFINE_float("run_deadline", 1200.0, "Seconds after which a run is ended as failed.")
+flags.mark_flag_as_required("work_dir")
+
+
+def _one_run(seed: int, extra: list[str]) -> dict | None:
+  run_dir = os.path.join(FLAGS.work_dir, f"run-{seed}")
+  os.makedirs(run_dir, exist_ok=True)
+  argv = [sys.executable, "-m", "tfps", "chaos", f"--seed={seed}",
+          f"--fault_count={FLAGS.fault_count}", f"--chaos_duration={FLAGS.chaos_duration}",
+          f"--train_steps={FLAGS.train_steps}", f"--model_dir={os.path.join(run_dir, 'model')}",
+          *extra]
+  result_path = os.path.join(run_dir, "chaos.json")
+  logging.info("run seed=%d: %s", seed, " ".join(argv[2:]))
+  with open(result_path, "w") as out, open(os.path.join(run_dir, "chaos.log"), "w") as log:
+    child = processes.spawn(argv, stdout=out, stderr=log)
+    try:
+      child.wait(timeout=FLAGS.run_deadline)
+    except subprocess.TimeoutExpired:
+      logging.error("run seed=%d still running after %.0fs: ending it", seed, FLAGS.run_deadline)
+    finally:
+      processes.stop_group(child, grace=30.0)
+  with open(result_path) as f:
+    lines = [l for l in f if l.startswith("{")]
+  if not lines:
+    logging.error("run seed=%d printed no result (exit %s); see %s/chaos.log",
+                  seed, child.returncode, run_dir)
+    return None
+  result = json.loads(lines[-1])
+  logging.info("run seed=%d: %s, %d/%d faults recovered, steps lost %d", seed, result["status"],
+               result["recoveries"], result["faults_injected"], result["steps_lost"])
+  return result
+
+
+def _table(summary: dict) -> str:
+  rows = [f"{'fault':<14}{'count':>6}{'recovered':>10}{'p50 s':>8}{'max s':>8}{'lost max':>9}"]
+  for kind, row in summary["by_kind"].items():
+    seconds = row["recovery_seconds"]
+    rows.append(f"{kind:<14}{row['faults']:>6}{row['recovered']:>10}"
+                f"{seconds['p50'] if seconds['p50'] is not None else '-':>8}"
+                f"{seconds['max'] if seconds['max'] is not None else '-':>8}"
+                f"{row['steps_lost_max']:>9}")
+  rows.append(f"runs finished {summary['runs_finished']}/{summary['runs']}, faults recovered "
+              f"{summary['recoveries']}/{summary['faults_injected']}")
+  return "\n".join(rows)
+
+
+def main(argv):
+  extra = argv[1:]
+  results = [_one_run(FLAGS.seed + i, extra) for i in range(FLAGS.runs)]
+  summary = chaos.soak_summary(results)
+  sys.stderr.write(_table(summary) + "\n")
+  sys.stdout.write(json.dumps(summary) + "\n")
+  return 0 if summary["runs_finished"] == summary["runs"] else 1
+
+
+if __name__ == "__main__":
+  app.run(main)
