@@ -49,7 +49,7 @@ def restore(manager: tf.train.CheckpointManager, global_step: tf.Variable, *,
     The restored path, or None when `model_dir` has no checkpoint yet.
 
   Raises:
-    PermanentError: the checkpoint is unreadable or from an incompatible model.
+    BadCheckpointError: the checkpoint is unreadable or from an incompatible model.
   """
   path = path or manager.latest_checkpoint
   if path is None:
@@ -64,7 +64,7 @@ def restore(manager: tf.train.CheckpointManager, global_step: tf.Variable, *,
     if status is not None:
       status.expect_partial()  # Refused on purpose: no "unrestored values" warning later.
     detail = e.message if isinstance(e, tf.errors.OpError) else str(e)
-    raise errors.PermanentError(
+    raise errors.BadCheckpointError(
         f"checkpoint {path} does not fit experiment {experiment!r} "
         f"({type(e).__name__}: {messages.one_line(detail)}); use another model_dir") from e
   status.expect_partial()

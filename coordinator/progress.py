@@ -105,7 +105,7 @@ class MeasuredTrainer(orbit.AbstractTrainer):
     if self._on_loop is not None:
       self._on_loop(step)
     if loss is not None and not math.isfinite(loss):
-      raise errors.PermanentError(f"loss is {loss} at step {step}; stopping (not retryable)")
+      raise errors.NonFiniteLossError(f"loss is {loss} at step {step}; stopping (not retryable)")
     if isinstance(output, dict):
       output = dict(output, examples_per_second=report.examples_per_sec)
     return output

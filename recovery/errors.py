@@ -55,9 +55,26 @@ class UsageError(TfpsError, ValueError):
 
 
 class PermanentError(TfpsError):
-  """A failure that will happen again on retry (user code, NaN, bad checkpoint)."""
+  """A failure that will happen again on retry (user code, NaN, bad checkpoint).
+
+  `failure` names the kind for the event log (`policy.FailureKind` values);
+  all kinds share exit code 1.
+  """
 
   exit_code = ExitCode.PERMANENT
+  failure = "user_error"
+
+
+class NonFiniteLossError(PermanentError):
+  """The loss became NaN or infinite: retrying replays the same divergence."""
+
+  failure = "nan_loss"
+
+
+class BadCheckpointError(PermanentError):
+  """The checkpoint is unreadable or belongs to another model."""
+
+  failure = "bad_checkpoint"
 
 
 class RetryableError(TfpsError):

@@ -38,6 +38,7 @@ from absl import logging
 
 from recovery import errors
 from recovery import events as events_lib
+from recovery import exit_report as exit_report_lib
 from recovery import policy as policy_lib
 from recovery import signals
 from recovery import worker_watch
@@ -48,10 +49,16 @@ Action = policy_lib.Action
 _POLL_SECONDS = 0.5
 
 
-def classify_exit(code: int) -> Kind | None:
-  """The failure a coordinator exit code means; None when it finished."""
+def classify_exit(code: int, reported: str | None = None) -> Kind | None:
+  """The failure a coordinator exit code means; None when it finished.
+
+  `reported` is the kind the coordinator wrote in its exit report; it only
+  refines a permanent exit (1) and never turns a code into another action.
+  """
   if code == errors.ExitCode.OK:
     return None
+  if code == errors.ExitCode.PERMANENT and reported in _PERMANENT_REPORTS:
+    return Kind(reported)
   if code == errors.ExitCode.USAGE:
     return Kind.BAD_CONFIG
   if code == errors.ExitCode.CLUSTER_LOST:
@@ -60,6 +67,10 @@ def classify_exit(code: int) -> Kind | None:
     # Killed (OOM killer, SIGKILL) or stopped by a signal we did not send.
     return Kind.CHIEF_LOST
   return Kind.USER_ERROR
+
+
+_PERMANENT_REPORTS = frozenset(
+    k.value for k in (Kind.USER_ERROR, Kind.NAN_LOSS, Kind.BAD_CHECKPOINT))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -101,6 +112,7 @@ class Supervisor:
                stop: signals.StopSignals,
                watch: worker_watch.WorkerWatch | None = None,
                probe_workers: Callable[[], set] | None = None,
+               exit_report: Callable[[], exit_report_lib.ExitReport | None] = lambda: None,
                clock: Callable[[], float] = time.monotonic):
     """Args:
       start_coordinator: starts the coordinator process, given the attempt
@@ -112,6 +124,8 @@ class Supervisor:
       watch, probe_workers: optional; every `probe_seconds` the reachable
         workers (`probe_workers()`) go to `watch`, which says when to leave a
         worker out and when to take it back.
+      exit_report: what the coordinator that just exited said about why
+        (`recovery.exit_report`), if anything.
     """
     self._config = config
     self._start = start_coordinator
@@ -120,6 +134,7 @@ class Supervisor:
     self._stop = stop
     self._watch = watch
     self._probe_workers = probe_workers
+    self._exit_report = exit_report
     self._clock = clock
     self.excluded: set = set()
 
@@ -141,12 +156,14 @@ class Supervisor:
             f"coordinator restarting {'without' if change[0] == worker_watch.Change.GONE else 'with'}"
             f" {change[1]}; workers left out: {sorted(map(str, self.excluded)) or 'none'}"))
         continue
-      kind = classify_exit(code)
+      report = self._exit_report()
+      kind = classify_exit(code, report.failure if report else None)
       if kind is None:
         return SupervisorResult(errors.ExitCode.OK, len(restart_times), "finished")
       now = self._clock()
       decision = self._config.policy.decide(kind, restart_times, now)
-      self._record("chief:0", kind, decision, f"coordinator exited with code {code}")
+      self._record("chief:0", kind, decision, f"coordinator exited with code {code}"
+                   + (f": {report.message}" if report else ""))
       if decision.action == Action.GIVE_UP:
         logging.error("coordinator exited with code %d (%s); giving up: %s",
                       code, kind.value, decision.reason)

@@ -357,14 +357,16 @@ def _error_line(run: Finished) -> str:
   return errors[0][len("tfps: error: "):]
 
 
-def _check_given_up_at_once(run: Finished, model_dir: str) -> None:
+def _check_given_up_at_once(run: Finished, model_dir: str, failure: str) -> None:
   """The supervisor started the coordinator once, recorded the failure, gave up."""
   assert run.seconds < PROMPT_SECONDS, run.seconds
   assert run.stderr.count("starting coordinator (attempt") == 1, run.stderr[-3000:]
   with open(os.path.join(model_dir, "events.jsonl")) as f:
     events = [json.loads(line) for line in f]
   assert [e["kind"] for e in events] == ["failure", "action"], events
-  assert events[0]["failure"] == ("bad_config" if run.code == 2 else "user_error"), events
+  assert events[0]["failure"] == failure, events
+  if run.code == 1:  # The coordinator's own one line, in the event log too.
+    assert _error_line(run) in events[0]["detail"], events
   assert events[1]["action"] == "give_up"
 
 
@@ -385,7 +387,7 @@ def test_chief_bad_input_is_one_line_and_permanent(cluster, factories_dir, tmp_p
   run = _run_chief(cluster, [f"--model_dir={model_dir}", *flags], pythonpath=factories_dir)
   assert run.code == code, run.stderr[-3000:]
   assert message in _error_line(run)
-  _check_given_up_at_once(run, model_dir)
+  _check_given_up_at_once(run, model_dir, "bad_config" if code == 2 else "user_error")
 
 
 def test_checkpoint_of_an_incompatible_model_is_permanent(cluster, factories_dir, tmp_path):
@@ -403,7 +405,7 @@ def test_checkpoint_of_an_incompatible_model_is_permanent(cluster, factories_dir
                              "--train_steps=10"], pythonpath=factories_dir)
   assert run.code == 1, run.stderr[-3000:]
   assert _error_line(run).startswith(f"checkpoint {checkpoint} does not fit experiment 'ctr'")
-  _check_given_up_at_once(run, model_dir)
+  _check_given_up_at_once(run, model_dir, "bad_checkpoint")
   assert _checkpoint_files(model_dir) == saved  # The other model's checkpoint is untouched.
 
 

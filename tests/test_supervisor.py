@@ -5,6 +5,7 @@ plan, so every branch is exercised with real processes and real signals,
 without TensorFlow.
 """
 
+import os
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 
 from recovery import errors
 from recovery import events
+from recovery import exit_report
 from recovery import policy
 from recovery import signals
 from recovery import supervisor
@@ -76,6 +78,14 @@ def test_classify_exit(code, kind):
   assert supervisor.classify_exit(code) == kind
 
 
+@pytest.mark.parametrize("code, reported, kind", [
+    (1, "nan_loss", Kind.NAN_LOSS), (1, "bad_checkpoint", Kind.BAD_CHECKPOINT),
+    (1, "ps_lost", Kind.USER_ERROR),  # A report never turns exit 1 into a restart.
+    (170, "bad_checkpoint", Kind.PS_LOST), (2, "nan_loss", Kind.BAD_CONFIG)])
+def test_an_exit_report_refines_only_a_permanent_exit(code, reported, kind):
+  assert supervisor.classify_exit(code, reported) == kind
+
+
 def test_ps_loss_restarts_the_coordinator_after_the_cluster_is_back(tmp_path):
   harness = Harness([170, 170, 0])
   result, log = run(harness, tmp_path)
@@ -94,6 +104,30 @@ def test_permanent_exit_is_not_retried(tmp_path, code, exit_code):
   assert result.exit_code == exit_code and result.restarts == 0
   assert len(harness.started) == 1 and harness.cluster_waits == 0
   assert log[-1].action == policy.Action.GIVE_UP.value
+
+
+def test_the_coordinators_exit_report_names_the_permanent_failure(tmp_path):
+  report_path = str(tmp_path / "exit.json")
+  reporter = ("import sys; from recovery import exit_report; "
+              "exit_report.write('nan_loss', 'loss is nan at step 7'); sys.exit(1)")
+  started = []
+
+  def start(attempt, excluded=frozenset()):
+    started.append(subprocess.Popen([sys.executable, "-c", reporter],
+                                    env={**os.environ, exit_report.ENV_VAR: report_path}))
+    return started[-1]
+
+  log = events.EventLog(str(tmp_path))
+  result = supervisor.Supervisor(
+      supervisor.SupervisorConfig(), start_coordinator=start,
+      wait_for_cluster=lambda seconds: None, event_log=log, stop=signals.StopSignals(),
+      exit_report=lambda: exit_report.take(report_path)).run()
+  assert result.exit_code == errors.ExitCode.PERMANENT and len(started) == 1
+  failure, action = log.read()
+  assert failure.failure == Kind.NAN_LOSS.value
+  assert failure.detail == "coordinator exited with code 1: loss is nan at step 7"
+  assert action.action == policy.Action.GIVE_UP.value
+  assert not os.path.exists(report_path)  # Taken: a later exit cannot reuse it.
 
 
 def test_crash_loop_spends_the_budget_and_exits_1(tmp_path):
@@ -154,3 +188,13 @@ def test_worker_gone_then_back_restarts_the_coordinator_without_then_with_it(tmp
   assert [(e.kind, e.task) for e in gone] == [("failure", "worker:1"), ("action", "worker:1")]
   assert gone[1].action == policy.Action.RESTART_WITHOUT_TASK.value
   assert harness.cluster_waits == 0
+
+
+def test_a_missing_or_garbled_exit_report_says_nothing(tmp_path):
+  path = tmp_path / "exit.json"
+  assert exit_report.take(str(path)) is None
+  path.write_text("{not json")
+  assert exit_report.take(str(path)) is None
+  exit_report.write("bad_checkpoint", "checkpoint x does not fit", path=str(path))
+  assert exit_report.take(str(path)) == exit_report.ExitReport(
+      "bad_checkpoint", "checkpoint x does not fit")

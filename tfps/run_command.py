@@ -15,6 +15,7 @@ from cluster import spec as spec_lib
 from recovery import control
 from recovery import errors
 from recovery import events
+from recovery import exit_report
 from recovery import interrupts
 from recovery import policy
 from recovery import supervisor
@@ -84,6 +85,10 @@ def _coordinate(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCode:
   details = _write_details(flags.model_dir, error)
   suffix = f" (details: {details})" if details else ""
   sys.stderr.write(f"tfps: error: {message}{suffix}\n")
+  if isinstance(error, errors.PermanentError):
+    exit_report.write(error.failure, message + suffix)
+  elif code == errors.ExitCode.PERMANENT:
+    exit_report.write("user_error", message + suffix)
   return code
 
 
@@ -116,6 +121,7 @@ def _supervise_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCod
   event_log = events.EventLog(model_dir)
   with tempfile.TemporaryDirectory(prefix="tfps-chief-") as scratch:
     stdout_path = os.path.join(scratch, "coordinator.stdout")
+    report_path = os.path.join(scratch, "coordinator.exit.json")
 
     def start_coordinator(attempt: int, excluded: frozenset) -> subprocess.Popen:
       argv = [sys.executable, "-m", "tfps", *sys.argv[1:], "--nosupervise",
@@ -123,7 +129,8 @@ def _supervise_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCod
       logging.info("starting coordinator (attempt %d)%s", attempt + 1,
                    f" without {', '.join(sorted(map(str, excluded)))}" if excluded else "")
       with open(stdout_path, "w", encoding="utf-8") as out:
-        return processes.spawn(argv, stdout=out)
+        return processes.spawn(argv, stdout=out,
+                               env={**os.environ, exit_report.ENV_VAR: report_path})
 
     def wait_for_cluster(seconds: float) -> None:
       # Left-out workers are not waited for: the watch takes them back.
@@ -140,9 +147,13 @@ def _supervise_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCod
             stop_grace_seconds=flags.grace_seconds),
         start_coordinator=start_coordinator, wait_for_cluster=wait_for_cluster,
         event_log=event_log, stop=stop,
+        # The ps are probed too: a chief that sees no ps is itself cut off,
+        # and then no worker is to blame (see worker_watch).
         watch=worker_watch.WorkerWatch(workers, worker_watch.WorkerWatchConfig(
-            timeout=flags.worker_timeout)),
-        probe_workers=lambda: readiness.reachable(config.cluster, workers, _PROBE_SECONDS))
+            timeout=flags.worker_timeout), anchors=[
+                t for t in servers if t.job == spec_lib.JobType.PS]),
+        probe_workers=lambda: readiness.reachable(config.cluster, servers, _PROBE_SECONDS),
+        exit_report=lambda: exit_report.take(report_path))
     result = sup.run()
     if result.exit_code != errors.ExitCode.OK:
       return result.exit_code
@@ -202,7 +213,8 @@ def _run_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCode:
       experiment_params=parse_params(flags.experiment_params),
       eval_interval=flags.eval_interval,
       eval_shards=flags.eval_shards,
-      min_shard_bytes=flags.min_shard_bytes or None)
+      min_shard_bytes=flags.min_shard_bytes or None,
+      ps_timeout=flags.ps_timeout or None)
   result = chief.run_chief(chief_config, interrupts=interrupts.Interrupts(stop))
   sys.stdout.write(json.dumps(result.as_dict()) + "\n")
   sys.stdout.flush()
