@@ -63,6 +63,9 @@ class ChiefConfig:
     ready_timeout: seconds to wait for the cluster to answer.
     min_shard_bytes: split variables larger than this across the ps tasks;
       None disables partitioning.
+    ps_timeout: seconds a ps may not answer before the run counts it lost
+      and exits 170 (a partition hangs TF instead of failing it, see
+      `coordinator.ps_deadline`); None: no deadline.
   """
 
   cluster: spec_lib.ClusterSpec
@@ -82,6 +85,7 @@ class ChiefConfig:
   seed: int = 0
   ready_timeout: float = 60.0
   min_shard_bytes: int | None = strategy_lib.DEFAULT_MIN_SHARD_BYTES
+  ps_timeout: float | None = None
 
   def __post_init__(self):
     if not isinstance(self.cluster, spec_lib.ClusterSpec):
@@ -107,6 +111,10 @@ class ChiefConfig:
     if isinstance(self.ready_timeout, bool) or not isinstance(self.ready_timeout, (int, float)) \
         or not 0 < self.ready_timeout < float("inf"):
       raise errors.UsageError(f"ready_timeout ({self.ready_timeout!r}) must be positive seconds")
+    if self.ps_timeout is not None and (
+        isinstance(self.ps_timeout, bool) or not isinstance(self.ps_timeout, (int, float))
+        or not 0 < self.ps_timeout < float("inf")):
+      raise errors.UsageError(f"ps_timeout ({self.ps_timeout!r}) must be positive seconds")
     params = dict(self.experiment_params)
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in params.items()):
       raise errors.UsageError(

@@ -42,6 +42,7 @@ from coordinator import experiment as experiment_lib
 from coordinator import loop_guard
 from coordinator import messages
 from coordinator import progress
+from coordinator import ps_deadline
 from coordinator import strategy as strategy_lib
 from coordinator import trainer as trainer_lib
 from recovery import control
@@ -180,6 +181,14 @@ def _run_chief(config: ChiefConfig, interrupts: interrupts_lib.Interrupts) -> Ch
   factory = experiment_lib.load_factory(config.experiment)
   runtime = strategy_lib.connect(config.cluster, ready_timeout=config.ready_timeout,
                                  min_shard_bytes=config.min_shard_bytes)
+  # From here on every ps must keep answering: a partition hangs TF, not fails it.
+  with (ps_deadline.PsDeadline(runtime.cluster, config.ps_timeout) if config.ps_timeout
+        else contextlib.nullcontext()):
+    return _run_connected(config, interrupts, factory, runtime)
+
+
+def _run_connected(config: ChiefConfig, interrupts: interrupts_lib.Interrupts, factory,
+                   runtime: strategy_lib.PSRuntime) -> ChiefResult:
   context = experiment_lib.ExperimentContext(
       strategy=runtime.strategy, coordinator=runtime.coordinator,
       model_dir=config.model_dir, global_batch_size=config.global_batch_size,

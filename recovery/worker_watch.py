@@ -11,8 +11,12 @@ supervisor probes the workers and feeds what it sees here:
     row is BACK: restart the coordinator with it again.
 
 The last worker is never excluded (without workers nothing can train; that
-is a cluster loss, handled elsewhere). No clock or I/O here: the caller
-passes `now` and the set of reachable workers.
+is a cluster loss, handled elsewhere). Nor is any worker judged while none
+of the `anchors` (the ps tasks) answers either: then it is the chief that is
+cut off (a partition of the chief, or every ps lost), not the workers, and
+the coordinator's ps deadline (`coordinator.ps_deadline`) handles it; the
+counting starts afresh once the chief sees a ps again. No clock or I/O here:
+the caller passes `now` and the set of reachable tasks.
 """
 
 import dataclasses
@@ -45,9 +49,11 @@ class WorkerWatchConfig:
 
 
 class WorkerWatch:
-  def __init__(self, workers: Iterable[spec_lib.TaskId], config: WorkerWatchConfig):
+  def __init__(self, workers: Iterable[spec_lib.TaskId], config: WorkerWatchConfig,
+               anchors: Iterable[spec_lib.TaskId] = ()):
     self._config = config
     self._workers = tuple(sorted(workers))
+    self._anchors = frozenset(anchors)
     # Since when each worker has been in its current state (up or down).
     self._since: dict[spec_lib.TaskId, tuple[bool, float]] = {}
 
@@ -58,6 +64,9 @@ class WorkerWatch:
   def update(self, reachable: set[spec_lib.TaskId], excluded: set[spec_lib.TaskId],
              now: float) -> list[tuple[Change, spec_lib.TaskId]]:
     """Changes to make now, given who answered and who is excluded."""
+    if self._anchors and not self._anchors & reachable:
+      self._since.clear()  # We see no ps either: no verdict on any worker.
+      return []
     for worker in self._workers:
       up = worker in reachable
       if self._since.get(worker, (None, 0.0))[0] != up:

@@ -1,8 +1,13 @@
 """`tfps` bad input: a one-line error naming field and value, exit code 2, fast."""
 
 import json
+import os
+import shutil
+import subprocess
 
 import pytest
+
+from conftest import TFPS
 
 CLUSTER = {"chief": ["localhost:1001"], "ps": ["localhost:1002"], "worker": ["localhost:1003"]}
 
@@ -34,6 +39,8 @@ def test_malformed_tf_config_exits_2_with_one_line(tfps):
     (["run", "--no_such_flag"], {}, "Unknown command line flag 'no_such_flag'"),
     (["fly"], {}, "command: expected one of run, local, chaos, k8s, bench, got 'fly'"),
     (["run", "--mode=sideways"], {}, "flag --mode=sideways"),
+    (["local", "--hosts=vm"], {}, "flag --hosts=vm: value should be one of <loopback|netns>"),
+    (["chaos", "--hosts=vm"], {}, "flag --hosts=vm: value should be one of <loopback|netns>"),
 ])
 def test_bad_usage(tfps, args, env, expected):
   result = tfps(args, env=env)
@@ -77,3 +84,16 @@ def test_chief_model_dir_must_be_writable(tfps, tmp_path):
   result = tfps(["run", f"--model_dir={blocker}/model"], env=_chief_env())
   assert result.returncode == 2
   assert f"--model_dir: '{blocker}/model' is not writable" in one_error_line(result)
+
+
+@pytest.mark.parametrize("command", ["local", "chaos"])
+def test_netns_hosts_without_root_is_refused_in_one_line(tfps, tmp_path, command):
+  if os.geteuid() != 0 or shutil.which("setpriv") is None:
+    pytest.skip("needs root (to drop it) and setpriv")
+  result = subprocess.run(
+      ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *TFPS, command,
+       "--hosts=netns", f"--model_dir={tmp_path}/model"],
+      capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+  assert result.returncode == 2, result.stderr
+  assert result.stderr.splitlines()[-1] == "tfps: error: --hosts=netns: network namespaces need root"
+  assert not (tmp_path / "model").exists()  # Refused before anything was made.

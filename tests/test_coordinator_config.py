@@ -39,6 +39,8 @@ def test_config_rejects_non_positive_integers(tmp_path, field, value):
     ({"mode": "fit"}, "mode ('fit') must be one of train, train_and_eval, eval"),
     ({"seed": -1}, "seed (-1) must be a non-negative integer"),
     ({"ready_timeout": 0}, "ready_timeout (0) must be positive seconds"),
+    ({"ps_timeout": 0}, "ps_timeout (0) must be positive seconds"),
+    ({"ps_timeout": "10"}, "ps_timeout ('10') must be positive seconds"),
     ({"model_dir": ""}, "model_dir ('') must be a directory path"),
     ({"experiment": " "}, "experiment (' ') must be a name"),
     ({"cluster": {"ps": ["h:1"]}}, "cluster (dict) must be a cluster.spec.ClusterSpec"),

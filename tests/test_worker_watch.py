@@ -49,3 +49,18 @@ def test_the_last_worker_is_never_excluded():
 def test_config_validation(kwargs, message):
   with pytest.raises(ValueError, match=message):
     worker_watch.WorkerWatchConfig(**kwargs)
+
+
+PS = spec_lib.TaskId(spec_lib.JobType.PS, 0)
+
+
+def test_no_verdict_while_the_chief_sees_no_ps_either():
+  w = worker_watch.WorkerWatch(W, worker_watch.WorkerWatchConfig(timeout=10.0), anchors=[PS])
+  assert w.update({PS, *W}, set(), now=0) == []
+  # The chief is cut off: no worker and no ps answers. Nobody is blamed.
+  assert w.update(set(), set(), now=1) == []
+  assert w.update(set(), set(), now=100) == []
+  # Healed, except worker 1: its clock starts now, not at the cut.
+  assert w.update({PS, W[0], W[2]}, set(), now=101) == []
+  assert w.update({PS, W[0], W[2]}, set(), now=110) == []
+  assert w.update({PS, W[0], W[2]}, set(), now=111) == [(GONE, W[1])]

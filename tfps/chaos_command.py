@@ -53,6 +53,7 @@ def schedule(flags, cluster: local.LocalCluster) -> tuple[chaos.Fault, ...]:
 
 def run(flags) -> errors.ExitCode:
   stop = signals.StopSignals.install()
+  local_command.check_hosts(flags)
   model_dir = local_command.prepare_model_dir(flags)
   cluster = local.LocalCluster(local_command.cluster_config(flags, model_dir))
   faults = schedule(flags, cluster)  # Bad --faults fail before anything starts.

@@ -53,6 +53,10 @@ flags.DEFINE_float("cluster_wait_seconds", 600.0,
 flags.DEFINE_float("worker_timeout", 60.0,
                    "chief: seconds a worker may be unreachable before training goes on "
                    "without it (it is taken back when it answers again).")
+flags.DEFINE_float("ps_timeout", 60.0,
+                   "chief: seconds a ps may not answer (a network partition hangs TF rather "
+                   "than failing it) before the coordinator counts it lost, exits 170 and "
+                   "is restarted from the latest checkpoint (0: no deadline).")
 flags.DEFINE_list("exclude_workers", [],
                   "chief, internal: workers the supervisor left out (e.g. worker:1).")
 flags.DEFINE_float("ready_timeout", 180.0, "Seconds the chief waits for every task to answer.")
@@ -84,6 +88,10 @@ flags.DEFINE_integer("num_ps", 2, "tfps local: parameter servers.")
 flags.DEFINE_integer("num_workers", 2, "tfps local: workers.")
 flags.DEFINE_bool("isolate_network", True,
                   "tfps local: run the cluster in a private network namespace (needs root).")
+flags.DEFINE_enum("hosts", "loopback", ["loopback", "netns"],
+                  "tfps local/chaos: loopback (every task on one private loopback) or netns "
+                  "(every task on its own virtual host and address, as on separate VMs; "
+                  "needed for 'cut' faults; needs root).")
 
 # --- chaos -------------------------------------------------------------------------
 flags.DEFINE_string("faults", None,

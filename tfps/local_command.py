@@ -16,6 +16,7 @@ import tempfile
 
 from absl import logging
 
+from cluster import hosts
 from cluster import local
 from recovery import errors
 from recovery import signals
@@ -27,7 +28,8 @@ _POLL_SECONDS = 0.5
 CHIEF_FLAGS = ("experiment", "train_steps", "steps_per_loop", "steps_per_closure",
                "checkpoint_interval", "max_to_keep", "mode", "eval_steps",
                "global_batch_size", "seed", "ready_timeout", "max_restarts", "restart_window",
-               "cluster_wait_seconds", "grace_seconds", "worker_timeout", "eval_interval",
+               "cluster_wait_seconds", "grace_seconds", "worker_timeout", "ps_timeout",
+               "eval_interval",
                "eval_shards", "min_shard_bytes")
 
 
@@ -53,10 +55,17 @@ def prepare_model_dir(flags) -> str:
   return model_dir
 
 
+def check_hosts(flags) -> None:
+  """`--hosts=netns` where namespaces cannot be made: one line, before anything is made."""
+  if flags.hosts == "netns" and (reason := hosts.unavailable()) is not None:
+    raise errors.UsageError(f"--hosts=netns: {reason}")
+
+
 def cluster_config(flags, model_dir: str) -> local.LocalClusterConfig:
   return local.LocalClusterConfig(
       num_ps=flags.num_ps, num_workers=flags.num_workers, work_dir=model_dir,
-      isolate_network=flags.isolate_network, ready_timeout=flags.ready_timeout)
+      isolate_network=flags.isolate_network, hosts=flags.hosts,
+      ready_timeout=flags.ready_timeout)
 
 
 def chief_stdout_path(model_dir: str) -> str:
@@ -65,6 +74,7 @@ def chief_stdout_path(model_dir: str) -> str:
 
 def run(flags) -> errors.ExitCode:
   stop = signals.StopSignals.install()
+  check_hosts(flags)
   model_dir = prepare_model_dir(flags)
   with local.LocalCluster(cluster_config(flags, model_dir)) as cluster:
     chief = cluster.add_chief(chief_flags(flags, model_dir),
