@@ -66,7 +66,9 @@ _STARTUP_NOISE = re.compile(
     # Per-loop INFO chatter of TF's coordinator, saver and distribute code.
     r"|Reduce to /device:|then broadcast to \('|Waiting for all global closures to be finished"
     r"|Sharding callback duration|Sync on async checkpoint saving|default session config:"
-    r"|Number of GPUs on workers")
+    r"|Number of GPUs on workers"
+    # Orbit's per-loop line; tfps's progress line says the same, with an ETA.
+    r"|^train \| step: +\d+ \| steps/sec")
 # Lines that continue a TF record: absorbed into a gRPC record or dropped with
 # a noise record. Anything else ends the record and is shown.
 _CONTINUATION = re.compile(

@@ -167,6 +167,14 @@ def test_a_tf_record_whose_status_code_is_only_in_its_grpc_details():
       "grpc: ABORTED from worker:1", lines[-1]]
 
 
+def test_orbits_per_loop_line_is_dropped_for_ours():
+  orbit = ("I1122 03:41:21.000180 139908683422592 controller.py:535] train | step:   5900 | "
+           "steps/sec:  120.7 | output: {'examples_per_second': 71479.1, 'loss': 0.458}")
+  ours = ("I1122 03:41:21.720708 139908683422592 progress.py:104] step 6000/40000 | "
+          "145.4 steps/s | 74,462 examples/s | loss 0.4577 | ETA 0:03:54")
+  assert feed_all(log_summary.LogSummarizer(), [orbit, ours]) == [ours]
+
+
 def test_a_tf_line_without_grpc_details_is_shown_unchanged_and_in_order():
   lines = [
       "W0000 00:00:1795305556.405225    8749 some_op.cc:12] something TF wants said",
