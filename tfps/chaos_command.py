@@ -24,6 +24,7 @@ from absl import logging
 from cluster import local
 from recovery import chaos
 from recovery import errors
+from recovery import log_summary
 from recovery import progress as progress_lib
 from recovery import signals
 from tfps import local_command
@@ -161,6 +162,14 @@ def _checks(result: dict, train_steps: int, model_dir: str) -> dict[str, bool]:
 
 def _checkpoint_restores(model_dir: str, global_step) -> bool:
   """The latest checkpoint loads and holds the final global step."""
+  quiet = log_summary.install_stderr_filter()  # TF's start-up chatter, summarised.
+  try:
+    return _global_step_matches(model_dir, global_step)
+  finally:
+    quiet.close()
+
+
+def _global_step_matches(model_dir: str, global_step) -> bool:
   import tensorflow as tf  # Only here: the rest of chaos needs no TF.
   path = tf.train.latest_checkpoint(model_dir)
   if path is None:
