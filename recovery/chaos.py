@@ -171,6 +171,10 @@ class _InFlight:
   injected_at: float  # Seconds since the start of training.
   baseline: int  # Training has recovered once a loop ends past this step.
   step_at_fault: int
+  # A ps or the chief that goes away (killed, preempted, cut off) takes the
+  # coordinator with it: recovered only after a new one restored. Loops that
+  # end before it is gone (a preempted task saves first) do not count.
+  needs_restore: bool = False
   steps_lost: int = 0
   seconds_to_recover: float | None = None
 
@@ -181,7 +185,10 @@ class RecoveryTracker:
   A fault is recovered at the first loop that ends, after the fault, past
   the baseline step: the step at the fault, or, when a coordinator restarts
   from a checkpoint after the fault, the restored step (the difference is
-  the steps lost).
+  the steps lost). A fault that takes the coordinator down (a ps or the
+  chief killed, preempted or cut off) is recovered only by a loop after the
+  new coordinator's restore, so loops still finishing while a preempted task
+  saves are not mistaken for recovery.
   """
 
   def __init__(self):
@@ -189,8 +196,10 @@ class RecoveryTracker:
     self._last_step = 0
 
   def injected(self, fault: Fault, *, wall_time: float, since_start: float) -> None:
+    needs_restore = (fault.target.job != spec_lib.JobType.WORKER
+                     and fault.action != FaultAction.STOP)
     self._faults.append(_InFlight(fault, wall_time, since_start, self._last_step,
-                                  self._last_step))
+                                  self._last_step, needs_restore))
 
   def observe(self, records: Sequence[progress_lib.Progress]) -> None:
     for record in records:
@@ -200,7 +209,8 @@ class RecoveryTracker:
         if record.restored:
           f.baseline = record.step
           f.steps_lost = max(f.steps_lost, f.step_at_fault - record.step)
-        elif record.step > f.baseline:
+          f.needs_restore = False
+        elif record.step > f.baseline and not f.needs_restore:
           f.seconds_to_recover = round(record.time - f.injected_wall, 2)
       if not record.restored:
         self._last_step = record.step

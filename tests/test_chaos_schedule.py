@@ -107,6 +107,27 @@ def test_tracker_ps_kill_counts_steps_lost_to_the_restored_checkpoint():
   assert chaos.report([outcome])["steps_lost"] == 100
 
 
+@pytest.mark.parametrize("fault", ["ps:0@20:term+3", "chief:0@20:term+3", "ps:0@20:cut+3"])
+def test_tracker_preempted_ps_or_chief_recovers_only_after_the_restore(fault):
+  tracker = chaos.RecoveryTracker()
+  tracker.observe([_record(300, 11.0)])
+  tracker.injected(chaos.parse_faults(fault, CLUSTER)[0], wall_time=11.2, since_start=20.0)
+  tracker.observe([_record(400, 12.0)])  # Still saving before it goes: not a recovery.
+  assert not tracker.all_recovered
+  tracker.observe([_record(400, 20.0, restored=True), _record(500, 21.5)])
+  (outcome,) = tracker.outcomes()
+  assert outcome.seconds_to_recover == 10.3 and outcome.steps_lost == 0
+
+
+def test_tracker_stopped_ps_recovers_without_a_restore():
+  tracker = chaos.RecoveryTracker()
+  tracker.observe([_record(300, 11.0)])
+  tracker.injected(chaos.parse_faults("ps:0@20:stop+5", CLUSTER)[0], wall_time=11.2,
+                   since_start=20.0)
+  tracker.observe([_record(400, 17.0)])
+  assert tracker.outcomes()[0].seconds_to_recover == 5.8
+
+
 def test_tracker_fault_never_followed_by_progress_is_not_recovered():
   tracker = chaos.RecoveryTracker()
   fault = chaos.parse_faults("chief:0@5:kill+2", CLUSTER)[0]
