@@ -9,7 +9,9 @@ runs, runs_finished, faults_injected, recoveries, steps_lost,
 recovery_seconds {p50, max} and the same per kind of fault (`ps kill`,
 `chief term`, ...). A run that outlives `--run_deadline` is ended (its whole
 process group) and counted as not finished. Exit 0 only if every run
-finished.
+finished. A run whose result is already in its folder is not run again, so
+an interrupted soak continues where it stopped (delete a run's folder to
+redo it).
 
 Flags after `--` go to every `tfps chaos` run unchanged.
 """
@@ -45,6 +47,10 @@ def _one_run(seed: int, extra: list[str]) -> dict | None:
           f"--train_steps={FLAGS.train_steps}", f"--model_dir={os.path.join(run_dir, 'model')}",
           *extra]
   result_path = os.path.join(run_dir, "chaos.json")
+  done = _result(result_path)
+  if done is not None:
+    logging.info("run seed=%d: result already in %s", seed, result_path)
+    return done
   logging.info("run seed=%d: %s", seed, " ".join(argv[2:]))
   with open(result_path, "w") as out, open(os.path.join(run_dir, "chaos.log"), "w") as log:
     child = processes.spawn(argv, stdout=out, stderr=log)
@@ -54,16 +60,24 @@ def _one_run(seed: int, extra: list[str]) -> dict | None:
       logging.error("run seed=%d still running after %.0fs: ending it", seed, FLAGS.run_deadline)
     finally:
       processes.stop_group(child, grace=30.0)
-  with open(result_path) as f:
-    lines = [l for l in f if l.startswith("{")]
-  if not lines:
+  result = _result(result_path)
+  if result is None:
     logging.error("run seed=%d printed no result (exit %s); see %s/chaos.log",
                   seed, child.returncode, run_dir)
     return None
-  result = json.loads(lines[-1])
   logging.info("run seed=%d: %s, %d/%d faults recovered, steps lost %d", seed, result["status"],
                result["recoveries"], result["faults_injected"], result["steps_lost"])
   return result
+
+
+def _result(path: str) -> dict | None:
+  """The JSON line a finished `tfps chaos` run left at `path`, if any."""
+  try:
+    with open(path) as f:
+      lines = [l for l in f if l.startswith("{")]
+    return json.loads(lines[-1]) if lines else None
+  except (OSError, ValueError):
+    return None
 
 
 def _table(summary: dict) -> str:
