@@ -10,7 +10,8 @@ virtual hosts: docs/partitions.md). Training would stall without a word.
 `PsDeadline` is a thread that probes every ps (and, to say what happened,
 every worker) on gRPC from the chief's own network, every `interval`
 seconds. Once a ps has not answered for `timeout` seconds in a row, this is
-a ps loss: one line on stderr, then the process ends at once with exit 170
+a ps loss: one line on stderr and in the exit report (which the supervisor
+puts in the event log), then the process ends at once with exit 170
 (`os._exit`: the main thread is stuck inside TF and cannot be unwound; what
 matters is on disk already: the checkpoints, and the progress and event
 logs, written a line at a time). The supervisor then waits for the cluster
@@ -29,6 +30,8 @@ from absl import logging
 from cluster import readiness
 from cluster import spec as spec_lib
 from recovery import errors
+from recovery import exit_report
+from recovery import policy
 
 # One probe round waits this long per task (in parallel); rounds repeat at
 # `interval`. A busy but live ps answers a channel handshake well within it.
@@ -57,6 +60,9 @@ class Overdue:
 
 def _exit_lost(message: str) -> None:
   """Ends this process at once with the retryable 'lost the cluster' code."""
+  # The supervisor puts this in the event log; stderr may lose the line, as
+  # its filter thread dies with the process.
+  exit_report.write(policy.FailureKind.PS_LOST.value, message)
   sys.stderr.write(f"tfps: error: {message}\n")
   sys.stderr.flush()
   logging.flush()
