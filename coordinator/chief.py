@@ -27,7 +27,7 @@ logged), since stdout carries the command line's JSON result.
 import contextlib
 import io
 import os
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from absl import logging
 import numpy as np
@@ -37,6 +37,7 @@ import tensorflow as tf
 from cluster import spec as spec_lib
 from coordinator import api
 from coordinator import checkpoints
+from coordinator import datasets
 from coordinator import evaluator as evaluator_lib
 from coordinator import experiment as experiment_lib
 from coordinator import loop_guard
@@ -115,9 +116,44 @@ def _floats(output: Mapping[str, Any] | None) -> dict[str, float]:
   return result
 
 
+def input_cannot_end(train_dataset, *, num_workers: int, num_replicas_in_sync: int,
+                     steps: int) -> bool:
+  """True if one worker's share of `train_dataset` provably holds >= `steps` batches.
+
+  Then an OutOfRangeError in training is not input that ran out but a broken
+  iterator. Seen on virtual hosts (docs/partitions.md): after a ps cut healed,
+  connection resets failed the new coordinator's first closures and a
+  worker's iterator of an endless stream then reported "End of sequence",
+  which TF raises as OutOfRangeError. A new coordinator builds new
+  iterators, so that is a retryable failure.
+  Known only from the dataset's cardinality (INFINITE after `repeat()`, or
+  a count); anything else (unknown cardinality, a structure of datasets, a
+  dataset_fn that fails here) cannot be proved and stays a permanent error.
+  """
+  try:
+    if isinstance(train_dataset, tf.data.Dataset):
+      dataset = train_dataset.shard(num_workers, 0)
+    elif callable(train_dataset):
+      dataset = (train_dataset(tf.distribute.InputContext(
+          num_input_pipelines=num_workers, input_pipeline_id=0,
+          num_replicas_in_sync=num_replicas_in_sync))
+                 if datasets.takes_input_context(train_dataset)
+                 else train_dataset().shard(num_workers, 0))
+    else:
+      return False
+    cardinality = int(dataset.cardinality())
+  except Exception:  # pylint: disable=broad-except  (user code: cannot prove anything)
+    return False
+  return cardinality == tf.data.INFINITE_CARDINALITY or cardinality >= steps
+
+
 @contextlib.contextmanager
-def _classified_errors(phase: str):
-  """Turns TensorFlow and user-code failures into typed tfps errors."""
+def _classified_errors(phase: str, input_cannot_end: Callable[[], bool] = lambda: False):
+  """Turns TensorFlow and user-code failures into typed tfps errors.
+
+  `input_cannot_end` tells an OutOfRangeError of a broken iterator from
+  training input that really ran out (see `input_cannot_end`).
+  """
   try:
     yield
   except errors.TfpsError:
@@ -128,6 +164,11 @@ def _classified_errors(phase: str):
         f"lost the cluster during {phase}: {type(e).__name__}: "
         f"{messages.one_line(e.message)}") from e
   except tf.errors.OutOfRangeError as e:
+    if input_cannot_end():
+      raise errors.RetryableError(
+          f"{phase}: a worker's input iterator ended although its input cannot run out "
+          f"(broken by a transient network failure); restarting with new iterators: "
+          f"{messages.one_line(e.message)}") from e
     raise errors.PermanentError(
         f"{phase}: a dataset ran out ({messages.one_line(e.message)}); "
         "training datasets must repeat()") from e
@@ -236,15 +277,18 @@ def _run_connected(config: ChiefConfig, interrupts: interrupts_lib.Interrupts, f
       raise errors.UsageError(
           f"mode (eval) needs a checkpoint; model_dir ({config.model_dir}) has none")
     eval_steps = config.eval_steps or -1
+    cannot_end = lambda: experiment.trainer is not None and input_cannot_end(
+        experiment.trainer.train_dataset, num_workers=runtime.num_workers,
+        num_replicas_in_sync=runtime.strategy.num_replicas_in_sync, steps=config.train_steps)
     if config.mode != Mode.EVAL:
       if start_step >= config.train_steps:
         logging.info("already at step %d >= train_steps (%d); nothing to train",
                      start_step, config.train_steps)
       elif config.mode == Mode.TRAIN:
-        with _classified_errors("training"):
+        with _classified_errors("training", cannot_end):
           controller.train(steps=config.train_steps)
       else:
-        with _classified_errors("training and evaluation"):
+        with _classified_errors("training and evaluation", cannot_end):
           eval_output = controller.train_and_evaluate(
               train_steps=config.train_steps, eval_steps=eval_steps,
               eval_interval=config.eval_interval)

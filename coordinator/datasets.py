@@ -41,6 +41,9 @@ def _takes_input_context(fn: Callable[..., Any]) -> bool:
     return True
 
 
+takes_input_context = _takes_input_context  # Public for the chief (error classification).
+
+
 class _ShippedDataset:
   """A chief-side `tf.data.Dataset` serialized so that workers can rebuild it."""
 

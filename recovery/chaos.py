@@ -186,7 +186,7 @@ class RecoveryTracker:
   the baseline step: the step at the fault, or, when a coordinator restarts
   from a checkpoint after the fault, the restored step (the difference is
   the steps lost). A fault that takes the coordinator down (a ps or the
-  chief killed, preempted or cut off) is recovered only by a loop after the
+  chief killed or preempted) is recovered only by a loop after the
   new coordinator's restore, so loops still finishing while a preempted task
   saves are not mistaken for recovery.
   """
@@ -196,8 +196,11 @@ class RecoveryTracker:
     self._last_step = 0
 
   def injected(self, fault: Fault, *, wall_time: float, since_start: float) -> None:
+    # A cut, like a stop, may heal without a new coordinator: one shorter than
+    # the ps deadline is bridged by TCP (measured, docs/partitions.md). Its
+    # loops cannot end while the link is down, so any later loop is progress.
     needs_restore = (fault.target.job != spec_lib.JobType.WORKER
-                     and fault.action != FaultAction.STOP)
+                     and fault.action not in (FaultAction.STOP, FaultAction.CUT))
     self._faults.append(_InFlight(fault, wall_time, since_start, self._last_step,
                                   self._last_step, needs_restore))
 

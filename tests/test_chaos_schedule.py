@@ -107,7 +107,7 @@ def test_tracker_ps_kill_counts_steps_lost_to_the_restored_checkpoint():
   assert chaos.report([outcome])["steps_lost"] == 100
 
 
-@pytest.mark.parametrize("fault", ["ps:0@20:term+3", "chief:0@20:term+3", "ps:0@20:cut+3"])
+@pytest.mark.parametrize("fault", ["ps:0@20:term+3", "chief:0@20:term+3"])
 def test_tracker_preempted_ps_or_chief_recovers_only_after_the_restore(fault):
   tracker = chaos.RecoveryTracker()
   tracker.observe([_record(300, 11.0)])
@@ -126,6 +126,28 @@ def test_tracker_stopped_ps_recovers_without_a_restore():
                    since_start=20.0)
   tracker.observe([_record(400, 17.0)])
   assert tracker.outcomes()[0].seconds_to_recover == 5.8
+
+
+@pytest.mark.parametrize("fault", ["ps:0@20:cut+5", "chief:0@20:cut+5"])
+def test_tracker_short_cut_heals_without_a_restore(fault):
+  tracker = chaos.RecoveryTracker()
+  tracker.observe([_record(300, 11.0)])
+  tracker.injected(chaos.parse_faults(fault, CLUSTER)[0], wall_time=11.2, since_start=20.0)
+  tracker.observe([_record(350, 19.6)])  # TCP bridged the cut: the same coordinator goes on.
+  (outcome,) = tracker.outcomes()
+  assert outcome.seconds_to_recover == 8.4 and outcome.steps_lost == 0
+
+
+def test_tracker_long_cut_counts_steps_lost_to_the_restore():
+  tracker = chaos.RecoveryTracker()
+  tracker.observe([_record(300, 11.0)])
+  tracker.injected(chaos.parse_faults("ps:0@20:cut+20", CLUSTER)[0], wall_time=11.2,
+                   since_start=20.0)
+  tracker.observe([_record(200, 40.0, restored=True)])  # Past the ps deadline: restarted.
+  assert not tracker.all_recovered
+  tracker.observe([_record(250, 45.2)])
+  (outcome,) = tracker.outcomes()
+  assert outcome.seconds_to_recover == 34.0 and outcome.steps_lost == 100
 
 
 def test_tracker_fault_never_followed_by_progress_is_not_recovered():

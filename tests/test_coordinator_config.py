@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+import tensorflow as tf
 
 from cluster import spec as spec_lib
 from coordinator import chief
@@ -158,3 +159,23 @@ def test_non_finite_loss_is_permanent(loss):
                                       target=100, batch_size=10, clock=clock)
   with pytest.raises(errors.PermanentError, match=f"loss is {loss} at step 5"):
     measured.train(5)
+
+
+@pytest.mark.parametrize("make, steps, cannot_end", [
+    (lambda: tf.data.Dataset.range(10).repeat(), 1000, True),
+    (lambda: tf.data.Dataset.range(2**40).batch(8), 1000, True),
+    (lambda ctx: tf.data.Dataset.range(ctx.input_pipeline_id, 2**62, ctx.num_input_pipelines)
+     .batch(128, drop_remainder=True).prefetch(2), 10**6, True),
+    (lambda: tf.data.Dataset.range(1000).batch(10), 1000, False),  # 50 batches per worker.
+    (lambda: tf.data.Dataset.range(10**6).filter(lambda x: x > 0), 10, False),  # Unknown.
+    (lambda: 1 / 0, 10, False),  # A dataset_fn failing here proves nothing.
+])
+def test_input_cannot_end_only_when_its_cardinality_proves_it(make, steps, cannot_end):
+  assert chief.input_cannot_end(make, num_workers=2, num_replicas_in_sync=1,
+                                steps=steps) == cannot_end
+
+
+def test_a_dataset_object_is_judged_by_one_workers_shard():
+  dataset = tf.data.Dataset.range(4000)
+  assert chief.input_cannot_end(dataset, num_workers=2, num_replicas_in_sync=1, steps=2000)
+  assert not chief.input_cannot_end(dataset, num_workers=2, num_replicas_in_sync=1, steps=2001)
