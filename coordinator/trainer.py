@@ -12,7 +12,7 @@ after another (the loop body calls `train_step` `unroll` times). The steps
 and their order are exactly those of a one-step body; what changes is that
 the loop's per-iteration control messages, which a loop spanning worker and
 ps devices exchanges with every ps it touches, are paid once per `unroll`
-steps (measured: `tfps bench`, README).
+steps (measured: `tfps bench`, docs/benchmarks.md).
 
     trainer = PSTrainer(MyTrainer(...), runtime, steps_per_closure=50)
 
@@ -46,7 +46,10 @@ from coordinator import strategy as strategy_lib
 from recovery import errors
 
 
-DEFAULT_UNROLL = 5
+# Measured on the ctr benchmark with sharded tables (docs/benchmarks.md): 10
+# used 4-12% less CPU per step than 5; 25 no better, 50 worse (a larger loop
+# body costs more to trace and run than the control messages it saves).
+DEFAULT_UNROLL = 10
 
 
 def plan_closures(num_steps: int, steps_per_closure: int, num_workers: int) -> list[int]:

@@ -150,6 +150,18 @@ def test_plain_trainer_runs_under_ps_with_one_changed_line(runtime):
   assert "/job:ps/" in model.trainable_variables[0].device
 
 
+def test_unrolled_closures_run_exactly_the_steps_asked(runtime):
+  # Closures of 7 steps, 3 steps per loop iteration: 7 = 2 x 3 + 1 exercises
+  # the remainder loop; the global step counts every step exactly once.
+  with runtime.strategy.scope():
+    _, optimizer, step, trainer = _linear_parts()
+  trainer = trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=7, unroll=3)
+  trainer.train(tf.constant(23))
+  assert int(step.numpy()) == 23 and int(optimizer.iterations.numpy()) == 23
+  with pytest.raises(errors.UsageError, match=r"unroll \(0\) must be a positive integer"):
+    trainer_lib.PSTrainer(trainer.trainer, runtime, steps_per_closure=7, unroll=0)
+
+
 @pytest.mark.parametrize("form", ["dataset", "dataset_fn"])
 def test_per_worker_datasets_are_split_by_worker(runtime, form):
   if form == "dataset":

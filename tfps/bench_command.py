@@ -6,7 +6,8 @@ would run. Prints a table on stderr and one JSON line on stdout. With
 `--scaling`, runs tfps alone on clusters of 1, 2 and 4 workers with 1 and 2
 ps. With `--recovery`, times checkpoint save/restore at 1M, 10M and 50M
 parameters and runs `tfps chaos` with one worker, one ps and one chief kill
-(seconds from each fault until training progresses again). Everything
+(`--faults` to change them; seconds from each fault until training
+progresses again). Everything
 started is ended before it returns.
 
 The machine is shared: the load average is recorded before and after, and
@@ -36,7 +37,7 @@ _QUICK = {"window_steps": 200, "warmup_steps": 40, "noop_closures": 200}
 SCALING = ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4))  # (ps, workers)
 # --recovery: one fault of each kind, far enough apart that each recovers
 # first; training long enough to outlast them (tfps chaos fails otherwise).
-RECOVERY_FAULTS = "worker:0@10:kill+5,ps:0@35:kill+5,chief:0@70:kill+3"
+RECOVERY_FAULTS = "worker:0@10:kill+5,ps:0@30:kill+5,chief:0@110:kill+3"
 RECOVERY_TRAIN_STEPS = 30000
 CHECKPOINT_PARAMS = (1_000_000, 10_000_000, 50_000_000)
 
@@ -47,7 +48,7 @@ def bench_config(flags, **overrides) -> config_lib.BenchConfig:
       repeats=flags.repeats, window_steps=flags.window_steps,
       warmup_steps=flags.warmup_steps, steps_per_loop=flags.steps_per_loop,
       steps_per_closure=flags.steps_per_closure, global_batch_size=flags.global_batch_size,
-      seed=flags.seed)
+      seed=flags.seed, tfps_min_shard_bytes=flags.min_shard_bytes)
   if flags.quick:
     values.update(_QUICK)
   values.update(overrides)
@@ -70,8 +71,20 @@ def machine() -> dict:
   return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version()}
 
 
+_POLL_SECONDS = 0.5
+
+
+def _wait(process: subprocess.Popen, stop: signals.StopSignals) -> int:
+  """Waits for `process`; a stop signal to us raises Preempted (callers clean up)."""
+  while process.poll() is None:
+    if stop.wait(_POLL_SECONDS):
+      raise errors.Preempted(stop.signum, detail="benchmark stopped")
+  return process.returncode
+
+
 def run_driver(config: config_lib.BenchConfig, *, num_ps: int, num_workers: int,
-               work_dir: str, isolate_network: bool, ready_timeout: float) -> dict:
+               work_dir: str, isolate_network: bool, ready_timeout: float,
+               stop: signals.StopSignals) -> dict:
   """One local cluster, one driver run; returns the driver's raw JSON."""
   cluster_config = local.LocalClusterConfig(
       num_ps=num_ps, num_workers=num_workers, work_dir=work_dir,
@@ -85,7 +98,7 @@ def run_driver(config: config_lib.BenchConfig, *, num_ps: int, num_workers: int,
         [sys.executable, "-m", "tfps.bench.driver", cluster.spec_file, config_path, out_path],
         stdout=subprocess.DEVNULL)
     try:
-      code = driver.wait()
+      code = _wait(driver, stop)
     finally:
       processes.stop_group(driver, grace=3.0)
   if code != 0 or not os.path.exists(out_path):
@@ -94,7 +107,7 @@ def run_driver(config: config_lib.BenchConfig, *, num_ps: int, num_workers: int,
     return json.load(f)
 
 
-def _scaling(flags, work_dir: str) -> list[dict]:
+def _scaling(flags, work_dir: str, stop: signals.StopSignals) -> list[dict]:
   config = bench_config(flags, sizes=(flags.bench_sizes[0],), variants=(config_lib.Variant.TFPS,))
   rows = []
   for num_ps, num_workers in SCALING:
@@ -102,7 +115,8 @@ def _scaling(flags, work_dir: str) -> list[dict]:
     run_dir = os.path.join(work_dir, f"ps{num_ps}-w{num_workers}")
     os.makedirs(run_dir, exist_ok=True)
     raw = run_driver(config, num_ps=num_ps, num_workers=num_workers, work_dir=run_dir,
-                     isolate_network=flags.isolate_network, ready_timeout=flags.ready_timeout)
+                     isolate_network=flags.isolate_network, ready_timeout=flags.ready_timeout,
+                     stop=stop)
     size = report.summarize(raw)
     rows.append({"num_ps": num_ps, "num_workers": num_workers,
                  "examples_per_sec": size["examples_per_sec"]["tfps"],
@@ -114,27 +128,31 @@ def _scaling(flags, work_dir: str) -> list[dict]:
   return rows
 
 
-def _recovery(flags, work_dir: str) -> dict:
+def _recovery(flags, work_dir: str, stop: signals.StopSignals) -> dict:
   """Seconds from fault to progress (via `tfps chaos`) and checkpoint cost by size."""
   config = bench_config(flags, sizes=(), checkpoint_params=CHECKPOINT_PARAMS,
                         work_dir=work_dir)
   checkpoint = run_driver(config, num_ps=flags.num_ps, num_workers=flags.num_workers,
                           work_dir=work_dir, isolate_network=flags.isolate_network,
-                          ready_timeout=flags.ready_timeout)["checkpoint"]
+                          ready_timeout=flags.ready_timeout, stop=stop)["checkpoint"]
   chaos_dir = os.path.join(work_dir, "chaos")
-  argv = [sys.executable, "-m", "tfps", "chaos", f"--faults={RECOVERY_FAULTS}",
-          f"--train_steps={RECOVERY_TRAIN_STEPS}", f"--model_dir={chaos_dir}",
+  argv = [sys.executable, "-m", "tfps", "chaos", f"--faults={flags.faults or RECOVERY_FAULTS}",
+          f"--train_steps={max(flags.train_steps, RECOVERY_TRAIN_STEPS)}",
+          f"--model_dir={chaos_dir}",
           f"--num_ps={flags.num_ps}", f"--num_workers={flags.num_workers}",
           f"--checkpoint_interval={flags.checkpoint_interval}"]
   logging.info("recovery: %s (log in %s)", " ".join(argv[2:]), chaos_dir)
   os.makedirs(chaos_dir, exist_ok=True)
   with open(os.path.join(chaos_dir, "chaos.log"), "w", encoding="utf-8") as log:
-    chaos = processes.spawn(argv, stdout=subprocess.PIPE, stderr=log)
-    try:
-      out, _ = chaos.communicate()
-    finally:
-      processes.stop_group(chaos, grace=10.0)
-  lines = [l for l in out.decode().splitlines() if l.startswith("{")]
+    result_path = os.path.join(chaos_dir, "chaos.json")
+    with open(result_path, "w", encoding="utf-8") as out:
+      chaos = processes.spawn(argv, stdout=out, stderr=log)
+      try:
+        _wait(chaos, stop)
+      finally:
+        processes.stop_group(chaos, grace=10.0)
+  with open(result_path, encoding="utf-8") as f:
+    lines = [l for l in f if l.startswith("{")]
   if not lines:
     raise errors.PermanentError(f"tfps chaos exited {chaos.returncode} without a result; "
                                 f"see {chaos_dir}/chaos.log")
@@ -160,7 +178,7 @@ def _recovery_lines(result: dict) -> list[str]:
 
 
 def run(flags) -> errors.ExitCode:
-  signals.StopSignals.install()
+  stop = signals.StopSignals.install()
   config = bench_config(flags)  # Bad flags fail here, before anything starts.
   work_dir = flags.model_dir or tempfile.mkdtemp(prefix="tfps-bench-")
   os.makedirs(work_dir, exist_ok=True)
@@ -171,10 +189,10 @@ def run(flags) -> errors.ExitCode:
                     _QUIET_LOAD)
   start = time.monotonic()
   if flags.recovery:
-    result = {"recovery": _recovery(flags, work_dir)}
+    result = {"recovery": _recovery(flags, work_dir, stop)}
     lines = _recovery_lines(result["recovery"])
   elif flags.scaling:
-    result = {"scaling": _scaling(flags, work_dir)}
+    result = {"scaling": _scaling(flags, work_dir, stop)}
     lines = [f"{'ps':>3} {'workers':>7} {'examples/s':>11} {'AUC':>7} "
              f"{'CPU ms/step: ps':>15} {'workers':>7} {'chief':>5}"]
     lines += [f"{r['num_ps']:>3} {r['num_workers']:>7} {r['examples_per_sec']:>11,} "
@@ -184,7 +202,7 @@ def run(flags) -> errors.ExitCode:
   else:
     raw = run_driver(config, num_ps=flags.num_ps, num_workers=flags.num_workers,
                      work_dir=work_dir, isolate_network=flags.isolate_network,
-                     ready_timeout=flags.ready_timeout)
+                     ready_timeout=flags.ready_timeout, stop=stop)
     result = report.summarize(raw)
     lines = [report.table(result, repeats=config.repeats)]
   result.update(

@@ -66,6 +66,8 @@ class BenchConfig:
     checkpoint_params: model sizes (parameters) whose checkpoint save and
       restore are timed (`checkpoint_cost`); () for none.
     work_dir: where the checkpoint timing writes (driver side).
+    tfps_min_shard_bytes: the tfps variant's `--min_shard_bytes` (0: no
+      splitting); the stock patterns always get TF's tutorial value.
   """
 
   sizes: tuple[str, ...] = ("default", "dense")
@@ -80,6 +82,7 @@ class BenchConfig:
   noop_closures: int = 400
   checkpoint_params: tuple[int, ...] = ()
   work_dir: str = ""
+  tfps_min_shard_bytes: int = 256 << 10
 
   def __post_init__(self):
     object.__setattr__(self, "checkpoint_params", tuple(self.checkpoint_params))
@@ -106,6 +109,10 @@ class BenchConfig:
     for name in ("repeats", "window_steps", "warmup_steps", "steps_per_loop",
                  "steps_per_closure", "global_batch_size", "noop_closures"):
       _positive_int(name, getattr(self, name))
+    if isinstance(self.tfps_min_shard_bytes, bool) or not isinstance(
+        self.tfps_min_shard_bytes, int) or self.tfps_min_shard_bytes < 0:
+      raise errors.UsageError(
+          f"min_shard_bytes ({self.tfps_min_shard_bytes!r}) must be a non-negative integer")
     if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
       raise errors.UsageError(f"seed ({self.seed!r}) must be a non-negative integer")
 

@@ -104,13 +104,14 @@ def run(spec_path: str, config: config_lib.BenchConfig) -> dict:
   from coordinator import strategy as strategy_lib
   from tfps.bench import patterns
   cluster = spec_lib.from_json_file(spec_path, job_name="chief", task_index=0).cluster
-  tfps_runtime = strategy_lib.connect(cluster, ready_timeout=120.0)
+  tfps_runtime = strategy_lib.connect(cluster, ready_timeout=120.0,
+                                      min_shard_bytes=config.tfps_min_shard_bytes or None)
   runtimes = {"tfps": tfps_runtime, "stock": patterns.stock_runtime(cluster)}
   meter = cpu_lib.CpuMeter(spec_path)
   from coordinator import trainer as trainer_lib
   out = {"sizes": {}, "setup": {
       "stock": {"min_shard_bytes": patterns.TUTORIAL_MIN_SHARD_BYTES},
-      "tfps": {"min_shard_bytes": strategy_lib.DEFAULT_MIN_SHARD_BYTES,
+      "tfps": {"min_shard_bytes": config.tfps_min_shard_bytes,
                "unroll": trainer_lib.DEFAULT_UNROLL,
                "steps_per_closure": config.steps_per_closure}}}
   if config.checkpoint_params:
