@@ -14,8 +14,9 @@ variables are placed whole, round-robin over the ps tasks.
 
 The default (256 KiB) shards every embedding table of the built-in ctr
 across the ps tasks. Each shard costs a lookup and an update on its ps and a
-partition/stitch on the worker every step; `tfps bench` measured sharding on
-one machine ~1.5x more CPU per step, so `--min_shard_bytes` is a knob:
+partition/stitch on the worker every step; `tfps bench --scaling` measured
+the table split over 2 ps at 1.2-1.6x the total CPU per step of 1 unsplit ps
+(about 2x on the ps; docs/benchmarks.md), so `--min_shard_bytes` is a knob:
 raise it to split only tables big enough to unbalance the ps tasks.
 
 Nothing here reads or sets environment variables. TensorFlow's own knobs for
