@@ -215,8 +215,9 @@ class RecoveryTracker:
           f.needs_restore = False
         elif record.step > f.baseline and not f.needs_restore:
           f.seconds_to_recover = round(record.time - f.injected_wall, 2)
-      if not record.restored:
-        self._last_step = record.step
+      # After a restore, training stands at the restored step: a later
+      # fault must not count the steps an earlier one lost again.
+      self._last_step = record.step
 
   @property
   def all_recovered(self) -> bool:

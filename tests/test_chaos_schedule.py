@@ -150,6 +150,20 @@ def test_tracker_long_cut_counts_steps_lost_to_the_restore():
   assert outcome.seconds_to_recover == 34.0 and outcome.steps_lost == 100
 
 
+def test_tracker_does_not_count_an_earlier_faults_lost_steps_again():
+  tracker = chaos.RecoveryTracker()
+  tracker.observe([_record(2700, 10.0)])
+  tracker.injected(chaos.parse_faults("ps:0@20:kill+3", CLUSTER)[0], wall_time=10.5,
+                   since_start=20.0)
+  tracker.observe([_record(2500, 20.0, restored=True)])  # Lost 200; no loop ended yet...
+  tracker.injected(chaos.parse_faults("chief:0@30:term+3", CLUSTER)[0], wall_time=21.0,
+                   since_start=30.0)  # ...when the chief is preempted (it saves at 2550).
+  tracker.observe([_record(2550, 30.0, restored=True), _record(2700, 32.0)])
+  ps, chief = tracker.outcomes()
+  assert (ps.steps_lost, chief.steps_lost) == (200, 0)
+  assert ps.recovered and chief.recovered
+
+
 def test_tracker_fault_never_followed_by_progress_is_not_recovered():
   tracker = chaos.RecoveryTracker()
   fault = chaos.parse_faults("chief:0@5:kill+2", CLUSTER)[0]
