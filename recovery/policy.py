@@ -23,7 +23,11 @@ The failure matrix (DESIGN.md) as decisions:
   BAD_CHECKPOINT        GIVE_UP                 permanent: a retry fails the same way
 
 Restarts are budgeted: more than `max_restarts` within `window_seconds`
-is a crash loop, and the answer becomes GIVE_UP with the reason.
+is a crash loop, and the answer becomes GIVE_UP with the reason. The caller
+passes only the restarts that were not followed by progress (the supervisor
+forgives earlier restarts once a coordinator completes a train loop), so a
+burst of real faults is recovered from and a coordinator that keeps dying
+before it trains is stopped.
 """
 
 import dataclasses

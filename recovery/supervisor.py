@@ -113,6 +113,7 @@ class Supervisor:
                watch: worker_watch.WorkerWatch | None = None,
                probe_workers: Callable[[], set] | None = None,
                exit_report: Callable[[], exit_report_lib.ExitReport | None] = lambda: None,
+               trained: Callable[[], bool] = lambda: False,
                clock: Callable[[], float] = time.monotonic):
     """Args:
       start_coordinator: starts the coordinator process, given the attempt
@@ -126,6 +127,12 @@ class Supervisor:
         worker out and when to take it back.
       exit_report: what the coordinator that just exited said about why
         (`recovery.exit_report`), if anything.
+      trained: whether the coordinator that just exited completed a train
+        loop. A crash loop is failing again and again *without progress*:
+        restarts that were followed by training do not spend the budget, so
+        a burst of real faults (several ps preempted in a minute) is
+        recovered from, while a coordinator that dies before it trains
+        still stops after `max_restarts`.
     """
     self._config = config
     self._start = start_coordinator
@@ -135,6 +142,8 @@ class Supervisor:
     self._watch = watch
     self._probe_workers = probe_workers
     self._exit_report = exit_report
+    self._trained = trained
+    self._progress_at = float("-inf")  # When a coordinator last made progress.
     self._clock = clock
     self.excluded: set = set()
 
@@ -157,11 +166,13 @@ class Supervisor:
             f" {change[1]}; workers left out: {sorted(map(str, self.excluded)) or 'none'}"))
         continue
       report = self._exit_report()
+      if self._trained():
+        self._progress_at = self._clock()  # Not a crash loop: older restarts are forgiven.
       kind = classify_exit(code, report.failure if report else None)
       if kind is None:
         return SupervisorResult(errors.ExitCode.OK, len(restart_times), "finished")
       now = self._clock()
-      decision = self._config.policy.decide(kind, restart_times, now)
+      decision = self._config.policy.decide(kind, self._unproductive(restart_times), now)
       self._record("chief:0", kind, decision, f"coordinator exited with code {code}"
                    + (f": {report.message}" if report else ""))
       if decision.action == Action.GIVE_UP:
@@ -224,7 +235,8 @@ class Supervisor:
         logging.warning("%s answers again: restarting the coordinator with it", worker)
         self.excluded.discard(worker)
         return what, worker
-      decision = self._config.policy.decide(Kind.WORKER_GONE, restart_times, now)
+      decision = self._config.policy.decide(Kind.WORKER_GONE, self._unproductive(restart_times),
+                                            now)
       self._record(str(worker), Kind.WORKER_GONE, decision,
                    f"{worker} unreachable for {self._watch.timeout:.0f}s")
       if decision.action == Action.RESTART_WITHOUT_TASK:
@@ -234,6 +246,10 @@ class Supervisor:
         self.excluded.add(worker)
         return what, worker
     return None
+
+  def _unproductive(self, restart_times: list[float]) -> list[float]:
+    """The restarts that count against the budget: those since the last progress."""
+    return [t for t in restart_times if t > self._progress_at]
 
   def _record(self, task: str, kind: Kind, decision: policy_lib.Decision, detail: str) -> None:
     self._events.append(events_lib.Event(kind="failure", task=task, failure=kind.value,

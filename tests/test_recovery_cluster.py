@@ -26,7 +26,7 @@ pytestmark = pytest.mark.cluster
 SMALL_CTR = "vocab_sizes=3000:2000:1000,embedding_dim=8,hidden=32:16,eval_examples=2048"
 CHECKPOINT_INTERVAL = 200
 # Long enough for a killed worker to restart on a loaded 2-core machine.
-WORKER_TIMEOUT = 45
+WORKER_TIMEOUT = 30
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -58,12 +58,12 @@ class Harness:
       raise errors.RetryableError(f"tasks still unreachable after {seconds:.1f}s: ps:0")
 
 
-def run(harness, tmp_path, stop=None, **config):
+def run(harness, tmp_path, stop=None, trained=lambda: False, **config):
   log = events.EventLog(str(tmp_path))
   result = supervisor.Supervisor(
       supervisor.SupervisorConfig(**config), start_coordinator=harness.start,
       wait_for_cluster=harness.wait_for_cluster, event_log=log,
-      stop=stop or signals.StopSignals()).run()
+      stop=stop or signals.StopSignals(), trained=trained).run()
   for process in harness.started:
     assert process.poll() is not None
     process.stdout.close()
@@ -128,6 +128,15 @@ def test_the_coordinators_exit_report_names_the_permanent_failure(tmp_path):
   assert failure.detail == "coordinator exited with code 1: loss is nan at step 7"
   assert action.action == policy.Action.GIVE_UP.value
   assert not os.path.exists(report_path)  # Taken: a later exit cannot reuse it.
+
+
+def test_restarts_followed_by_training_do_not_spend_the_budget(tmp_path):
+  # Five ps losses in a row, each coordinator having trained before it went:
+  # a burst of real faults, not a crash loop.
+  harness = Harness([170] * 5 + [0])
+  result, _ = run(harness, tmp_path, trained=lambda: True,
+                  policy=policy.RestartPolicy(max_restarts=2, window_seconds=600))
+  assert result.exit_code == errors.ExitCode.OK and result.restarts == 5
 
 
 def test_crash_loop_spends_the_budget_and_exits_1(tmp_path):

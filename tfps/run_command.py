@@ -18,6 +18,7 @@ from recovery import events
 from recovery import exit_report
 from recovery import interrupts
 from recovery import policy
+from recovery import progress
 from recovery import supervisor
 from recovery import worker_watch
 
@@ -123,7 +124,14 @@ def _supervise_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCod
     stdout_path = os.path.join(scratch, "coordinator.stdout")
     report_path = os.path.join(scratch, "coordinator.exit.json")
 
+    progress_log = progress.ProgressLog(model_dir)
+
+    def trained() -> bool:
+      """A loop ended since the last call (i.e. since the coordinator started)."""
+      return any(not record.restored for record in progress_log.read_new())
+
     def start_coordinator(attempt: int, excluded: frozenset) -> subprocess.Popen:
+      progress_log.read_new()  # Count only what this coordinator does.
       argv = [sys.executable, "-m", "tfps", *sys.argv[1:], "--nosupervise",
               f"--exclude_workers={','.join(sorted(map(str, excluded)))}"]
       logging.info("starting coordinator (attempt %d)%s", attempt + 1,
@@ -153,7 +161,7 @@ def _supervise_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCod
             timeout=flags.worker_timeout), anchors=[
                 t for t in servers if t.job == spec_lib.JobType.PS]),
         probe_workers=lambda: readiness.reachable(config.cluster, servers, _PROBE_SECONDS),
-        exit_report=lambda: exit_report.take(report_path))
+        exit_report=lambda: exit_report.take(report_path), trained=trained)
     result = sup.run()
     if result.exit_code != errors.ExitCode.OK:
       return result.exit_code
