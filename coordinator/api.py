@@ -3,6 +3,9 @@
 `ChiefConfig` is validated at construction (errors name the field and the
 value, UsageError); `ChiefResult.as_dict()` is the one JSON line the command
 line prints. `coordinator.chief` re-exports all four.
+
+Nothing here imports TensorFlow: the command line validates a chief's flags
+with `ChiefConfig` before it starts any process (`tfps local`).
 """
 
 import dataclasses
@@ -11,8 +14,35 @@ import types
 from typing import Any, Mapping
 
 from cluster import spec as spec_lib
-from coordinator import strategy as strategy_lib
 from recovery import errors
+
+# Variables larger than this are split across the ps tasks (why this size:
+# `coordinator.strategy`, which re-exports it).
+DEFAULT_MIN_SHARD_BYTES = 256 << 10
+
+# The built-in experiments, by name: the factory each stands for.
+BUILTIN_EXPERIMENTS = types.MappingProxyType({"ctr": "coordinator.ctr:factory"})
+
+
+def experiment_target(name: str) -> tuple[str, str]:
+  """The (module, attribute) of an experiment factory: a built-in name or `module:factory`.
+
+  Only the name is checked (nothing is imported), so a misspelt experiment
+  fails with the chief's flags, before TensorFlow loads.
+
+  Raises:
+    UsageError: an unknown built-in name, or not `package.module:factory`.
+  """
+  if not isinstance(name, str) or not name.strip():
+    raise errors.UsageError(f"experiment ({name!r}) must be a name or package.module:factory")
+  module, sep, attribute = BUILTIN_EXPERIMENTS.get(name, name).partition(":")
+  if not sep:
+    raise errors.UsageError(
+        f"experiment {name!r} is unknown (built-in: {', '.join(sorted(BUILTIN_EXPERIMENTS))}; "
+        "or give package.module:factory)")
+  if not module or not attribute:
+    raise errors.UsageError(f"experiment {name!r} must look like package.module:factory")
+  return module, attribute
 
 
 class Mode(str, enum.Enum):
@@ -84,7 +114,7 @@ class ChiefConfig:
   global_batch_size: int = 512
   seed: int = 0
   ready_timeout: float = 60.0
-  min_shard_bytes: int | None = strategy_lib.DEFAULT_MIN_SHARD_BYTES
+  min_shard_bytes: int | None = DEFAULT_MIN_SHARD_BYTES
   ps_timeout: float | None = None
 
   def __post_init__(self):
@@ -95,6 +125,7 @@ class ChiefConfig:
       raise errors.UsageError(f"model_dir ({self.model_dir!r}) must be a directory path")
     if not isinstance(self.experiment, str) or not self.experiment.strip():
       raise errors.UsageError(f"experiment ({self.experiment!r}) must be a name")
+    experiment_target(self.experiment)
     try:
       object.__setattr__(self, "mode", Mode(self.mode))
     except ValueError:

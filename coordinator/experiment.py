@@ -35,11 +35,12 @@ from typing import Any, Callable, Mapping
 import orbit
 import tensorflow as tf
 
+from coordinator import api
 from coordinator import messages
 from recovery import errors
 
 # Built-in experiments: name -> "module:factory", imported only when chosen.
-BUILTIN = {"ctr": "coordinator.ctr:factory"}
+BUILTIN = api.BUILTIN_EXPERIMENTS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,16 +129,7 @@ def load_factory(name: str) -> Factory:
     UsageError: unknown name, module that cannot be imported, missing or
       non-callable attribute.
   """
-  if not isinstance(name, str) or not name.strip():
-    raise errors.UsageError(f"experiment ({name!r}) must be a name or package.module:factory")
-  target = BUILTIN.get(name, name)
-  module_name, sep, attribute = target.partition(":")
-  if not sep:
-    raise errors.UsageError(
-        f"experiment {name!r} is unknown (built-in: {', '.join(sorted(BUILTIN))}; "
-        "or give package.module:factory)")
-  if not module_name or not attribute:
-    raise errors.UsageError(f"experiment {name!r} must look like package.module:factory")
+  module_name, attribute = api.experiment_target(name)
   try:
     module = importlib.import_module(module_name)
   except Exception as e:  # Any failure to import is the user's to fix.

@@ -32,10 +32,11 @@ import tensorflow as tf
 
 from cluster import readiness
 from cluster import spec as spec_lib
+from coordinator import api
 from coordinator import messages
 from recovery import errors
 
-DEFAULT_MIN_SHARD_BYTES = 256 << 10
+DEFAULT_MIN_SHARD_BYTES = api.DEFAULT_MIN_SHARD_BYTES
 
 
 @dataclasses.dataclass(frozen=True)

@@ -97,3 +97,14 @@ def test_netns_hosts_without_root_is_refused_in_one_line(tfps, tmp_path, command
   assert result.returncode == 2, result.stderr
   assert result.stderr.splitlines()[-1] == "tfps: error: --hosts=netns: network namespaces need root"
   assert not (tmp_path / "model").exists()  # Refused before anything was made.
+
+
+def test_chief_flags_are_checked_without_tensorflow():
+  # `tfps local` validates its chief's flags before starting anything; that
+  # stays fast only while the config types do not pull in TensorFlow.
+  code = ("import sys; import coordinator.api, tfps.cli, tfps.local_command, tfps.run_command; "
+          "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+          "('tensorflow', 'tf_keras', 'orbit')))")
+  result = subprocess.run(TFPS[:1] + ["-c", code], capture_output=True, text=True, timeout=60)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.strip() == "[]"

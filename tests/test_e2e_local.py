@@ -7,7 +7,8 @@ module: each costs a TensorFlow import per task (~7 s on 2 cores).
 Bad input goes through the same binaries: each case must end with one
 `tfps: error:` line and a permanent exit code (2 usage, 1 permanent), promptly,
 with the coordinator started once (the supervisor and `tfps local` do not
-restart permanent failures).
+restart permanent failures), or not at all: `tfps local` checks the chief's
+flags before it starts anything.
 """
 
 import dataclasses
@@ -414,15 +415,15 @@ def _checkpoint_files(model_dir: str) -> dict[str, int]:
           for name in os.listdir(model_dir) if name.startswith(("ckpt-", "checkpoint"))}
 
 
-def _local(args, timeout=RUN_TIMEOUT) -> Finished:
+def _local(args, *, command: str = "local", timeout: float = RUN_TIMEOUT) -> Finished:
   env = dict(os.environ)
   env.pop("TF_CONFIG", None)
   start = time.monotonic()
   try:
-    done = subprocess.run(TFPS + ["local", *args], env=env, capture_output=True, text=True,
+    done = subprocess.run(TFPS + [command, *args], env=env, capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL)
   except subprocess.TimeoutExpired as e:  # run() killed it; its cluster dies with it.
-    pytest.fail(f"tfps local {args} hung for {timeout}s:\n{(e.stderr or b'')[-3000:]!r}")
+    pytest.fail(f"tfps {command} {args} hung for {timeout}s:\n{(e.stderr or b'')[-3000:]!r}")
   return Finished(done.returncode, done.stdout, done.stderr, time.monotonic() - start)
 
 
@@ -436,15 +437,25 @@ def test_local_with_unwritable_model_dir_fails_before_starting(tmp_path):
   assert not _pids_mentioning(str(blocker))
 
 
-def test_local_with_zero_train_steps_is_a_usage_error(tmp_path):
+# A bad chief flag is found by `tfps local`/`tfps chaos` themselves before
+# they start anything (no TensorFlow, no cluster), with the chief's own line.
+@pytest.mark.parametrize("command, flag, message", [
+    ("local", "--train_steps=0", "train_steps (0) must be a positive integer"),
+    ("local", "--experiment_params=vocab_sizes",
+     "--experiment_params: 'vocab_sizes' must look like key=value"),
+    ("local", "--experiment=no_such_experiment",
+     "experiment 'no_such_experiment' is unknown (built-in: ctr; "
+     "or give package.module:factory)"),
+    ("chaos", "--steps_per_loop=0", "steps_per_loop (0) must be a positive integer"),
+], ids=["local_train_steps", "local_experiment_params", "local_unknown_experiment",
+        "chaos_steps_per_loop"])
+def test_local_bad_chief_flag_fails_before_starting_anything(tmp_path, command, flag, message):
   model_dir = str(tmp_path / "model")
-  run = _local([f"--model_dir={model_dir}", "--train_steps=0", "--num_ps=1",
-                "--num_workers=1"])
+  run = _local([f"--model_dir={model_dir}", flag, "--num_ps=1", "--num_workers=1"],
+               command=command, timeout=60)
   assert run.code == 2, run.stderr[-3000:]
-  assert "train_steps (0) must be a positive integer" in _error_line(run)
-  assert run.seconds < PROMPT_SECONDS + 60  # Includes starting the local cluster.
-  # Neither the supervisor nor tfps local restarted anything.
-  assert run.stderr.count("starting coordinator (attempt") == 1, run.stderr[-3000:]
-  with open(os.path.join(model_dir, "logs", "chief-0.log")) as f:
-    assert sum(line.startswith("--- start #") for line in f) == 1
+  assert _error_line(run) == message
+  assert run.seconds < 20, run.seconds  # ~0.3 s idle: no cluster, no TensorFlow.
+  assert "local cluster up" not in run.stderr and "starting coordinator" not in run.stderr
+  assert not os.path.exists(os.path.join(model_dir, "logs"))  # No task was started.
   assert not _pids_mentioning(model_dir)

@@ -58,6 +58,7 @@ def run(flags) -> errors.ExitCode:
   model_dir = local_command.prepare_model_dir(flags)
   cluster = local.LocalCluster(local_command.cluster_config(flags, model_dir))
   faults = schedule(flags, cluster)  # Bad --faults fail before anything starts.
+  local_command.check_chief_flags(flags, cluster, model_dir)  # So do bad chief flags.
   logging.info("chaos schedule: %s", ", ".join(map(str, faults)))
   with cluster:
     chief = cluster.add_chief(local_command.chief_flags(flags, model_dir),

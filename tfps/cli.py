@@ -18,6 +18,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from coordinator import api
 from recovery import errors
 
 FLAGS = flags.FLAGS
@@ -79,7 +80,7 @@ flags.DEFINE_list("experiment_params", [],
 flags.DEFINE_integer("eval_interval", None,
                      "train_and_eval: steps between evaluations (default: once, at the end).")
 flags.DEFINE_integer("eval_shards", None, "Closures per evaluation (default: 4 per worker).")
-flags.DEFINE_integer("min_shard_bytes", 256 << 10,
+flags.DEFINE_integer("min_shard_bytes", api.DEFAULT_MIN_SHARD_BYTES,
                      "Split variables larger than this across the ps tasks (0: never).")
 flags.DEFINE_integer("seed", 0, "Seed of the synthetic data and initialisation.")
 

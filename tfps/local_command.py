@@ -21,6 +21,7 @@ from cluster import local
 from recovery import errors
 from recovery import signals
 from tfps import orchestrator
+from tfps import run_command
 
 _POLL_SECONDS = 0.5
 
@@ -61,6 +62,15 @@ def check_hosts(flags) -> None:
     raise errors.UsageError(f"--hosts=netns: {reason}")
 
 
+def check_chief_flags(flags, cluster: local.LocalCluster, model_dir: str) -> None:
+  """Bad chief flags: the chief's own one-line UsageError, before anything starts.
+
+  The chief would find them only once the cluster is up and it has imported
+  TensorFlow (seconds on a busy machine); the validation needs neither.
+  """
+  run_command.chief_config(flags, cluster.spec.for_coordinator(), model_dir)
+
+
 def cluster_config(flags, model_dir: str) -> local.LocalClusterConfig:
   return local.LocalClusterConfig(
       num_ps=flags.num_ps, num_workers=flags.num_workers, work_dir=model_dir,
@@ -76,7 +86,9 @@ def run(flags) -> errors.ExitCode:
   stop = signals.StopSignals.install()
   check_hosts(flags)
   model_dir = prepare_model_dir(flags)
-  with local.LocalCluster(cluster_config(flags, model_dir)) as cluster:
+  cluster = local.LocalCluster(cluster_config(flags, model_dir))  # Starts nothing yet.
+  check_chief_flags(flags, cluster, model_dir)
+  with cluster:
     chief = cluster.add_chief(chief_flags(flags, model_dir),
                               stdout_path=chief_stdout_path(model_dir), stderr_to_parent=True)
     runner = orchestrator.Orchestrator(cluster, chief, stop, max_restarts=flags.max_restarts)

@@ -12,6 +12,7 @@ from absl import logging
 from cluster import processes
 from cluster import readiness
 from cluster import spec as spec_lib
+from coordinator import api
 from recovery import control
 from recovery import errors
 from recovery import events
@@ -200,14 +201,16 @@ def ensure_model_dir(model_dir: str | None) -> str:
   return model_dir
 
 
-def _run_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCode:
-  from coordinator import chief
+def chief_config(flags, cluster: spec_lib.ClusterSpec, model_dir: str) -> api.ChiefConfig:
+  """The chief's flags as a validated ChiefConfig (UsageError naming field and value).
 
-  chief_config = chief.ChiefConfig(
-      cluster=config.cluster.for_coordinator().without_workers(
-          spec_lib.TaskId.parse(name) for name in flags.exclude_workers),
+  TensorFlow-free, so `tfps local` checks the flags it forwards to its chief
+  before it starts any process.
+  """
+  return api.ChiefConfig(
+      cluster=cluster,
       experiment=flags.experiment,
-      model_dir=flags.model_dir,
+      model_dir=model_dir,
       train_steps=flags.train_steps,
       steps_per_loop=flags.steps_per_loop,
       steps_per_closure=flags.steps_per_closure,
@@ -223,7 +226,15 @@ def _run_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCode:
       eval_shards=flags.eval_shards,
       min_shard_bytes=flags.min_shard_bytes or None,
       ps_timeout=flags.ps_timeout or None)
-  result = chief.run_chief(chief_config, interrupts=interrupts.Interrupts(stop))
+
+
+def _run_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCode:
+  cluster = config.cluster.for_coordinator().without_workers(
+      spec_lib.TaskId.parse(name) for name in flags.exclude_workers)
+  settings = chief_config(flags, cluster, flags.model_dir)  # Bad flags: before TF loads.
+  from coordinator import chief  # Imports TensorFlow (seconds).
+
+  result = chief.run_chief(settings, interrupts=interrupts.Interrupts(stop))
   sys.stdout.write(json.dumps(result.as_dict()) + "\n")
   sys.stdout.flush()
   logging.info("chief finished: %s at step %d", result.status, result.global_step)
