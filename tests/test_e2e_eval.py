@@ -30,7 +30,6 @@ import threading
 
 import pytest
 
-from cluster import local
 from cluster import processes
 
 pytestmark = pytest.mark.cluster
@@ -162,11 +161,8 @@ class Lines:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-  config = local.LocalClusterConfig(num_ps=1, num_workers=2, ready_timeout=180,
-                                    work_dir=str(tmp_path_factory.mktemp("eval-cluster")))
-  with local.LocalCluster(config) as running:
-    yield running
+def cluster(loopback_cluster):
+  return loopback_cluster
 
 
 def test_exact_eval_is_unchanged_by_a_worker_killed_mid_evaluation(cluster, tmp_path):

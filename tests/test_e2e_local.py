@@ -90,9 +90,18 @@ def _processes_in(namespaces: set[int]) -> set[int]:
   return {int(p) for p in os.listdir("/proc") if p.isdigit() and _netns(p) in namespaces}
 
 
-def _listening_ports_anywhere() -> set[int]:
-  """TCP ports in LISTEN state in every network namespace that has a process."""
-  ports, seen = set(), set()
+def _namespaces_now() -> set[int]:
+  return {_netns(p) for p in os.listdir("/proc") if p.isdigit()} - {None}
+
+
+def _listening_ports_anywhere(ignore: set[int] = frozenset()) -> set[int]:
+  """TCP ports in LISTEN state in every network namespace that has a process.
+
+  Args:
+    ignore: namespaces not to look in: those of other clusters (which pick
+      their ports independently, so may listen on one of a run's).
+  """
+  ports, seen = set(), set(ignore)
   for pid in (p for p in os.listdir("/proc") if p.isdigit()):
     namespace = _netns(pid)
     if namespace is None or namespace in seen:
@@ -123,6 +132,9 @@ class LocalRun:
   namespaces: set[int]  # Network namespaces its processes ran in (not ours).
   ports: set[int]       # From model_dir/cluster.json.
   seen_listening: set[int]  # Of `ports`, those seen listening while the run was live.
+  # Namespaces that other processes (e.g. the session's shared clusters) had
+  # before the run started: not the run's, so never searched for its ports.
+  others: set[int]
 
   @property
   def result(self) -> dict:
@@ -138,6 +150,7 @@ def _run_local(model_dir: str, flags, *, timeout: float = RUN_TIMEOUT) -> LocalR
   os.makedirs(model_dir, exist_ok=True)
   out_path, err_path = model_dir + ".stdout", model_dir + ".stderr"
   own_namespace = _netns("self")
+  others = _namespaces_now() - {own_namespace}
   start = time.monotonic()
   with open(out_path, "w") as out, open(err_path, "w") as err:
     process = subprocess.Popen(TFPS + ["local", f"--model_dir={model_dir}", *flags],
@@ -151,7 +164,7 @@ def _run_local(model_dir: str, flags, *, timeout: float = RUN_TIMEOUT) -> LocalR
       for pid in _pids_mentioning(model_dir) - set(pids):
         pids[pid] = _cmdline(str(pid))
         namespaces.add(_netns(pid))
-      listening |= _listening_ports_anywhere()
+      listening |= _listening_ports_anywhere(others)
       time.sleep(0.2)
   finally:
     if process.poll() is None:
@@ -164,7 +177,7 @@ def _run_local(model_dir: str, flags, *, timeout: float = RUN_TIMEOUT) -> LocalR
   ports = {int(a.rpartition(":")[2]) for a in addresses}
   return LocalRun(code=process.returncode, stdout=stdout, stderr=stderr, seconds=seconds,
                   pids=pids, namespaces=namespaces - {own_namespace, None}, ports=ports,
-                  seen_listening=ports & listening)
+                  seen_listening=ports & listening, others=others)
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +235,7 @@ def _check_nothing_left(run: LocalRun, model_dir: str) -> None:
   # ...and no port of the cluster listens in any namespace that still exists
   # (the same scan saw every one of them listening while the run was live).
   assert run.seen_listening == run.ports
-  assert not run.ports & _listening_ports_anywhere()
+  assert not run.ports & _listening_ports_anywhere(run.others)
 
 
 def test_local_leaves_no_process_and_no_socket(first_run, model_dir):
@@ -313,11 +326,8 @@ class Finished:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-  config = local.LocalClusterConfig(num_ps=1, num_workers=1, ready_timeout=180,
-                                    work_dir=str(tmp_path_factory.mktemp("bad-input")))
-  with local.LocalCluster(config) as running:
-    yield running
+def cluster(loopback_cluster):
+  return loopback_cluster
 
 
 @pytest.fixture(scope="module")

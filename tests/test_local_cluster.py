@@ -1,7 +1,8 @@
 """LocalCluster: real `tfps run` processes on loopback, real signals.
 
-One 1-ps/2-worker cluster is shared by the module (each start costs a
-TensorFlow import per task); every test leaves it with all tasks serving.
+The session's 1-ps/2-worker clusters (conftest.py: each start costs a
+TensorFlow import per task) serve the module; every test leaves them with all
+tasks serving.
 """
 
 import json
@@ -42,11 +43,8 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-  config = local.LocalClusterConfig(
-      num_ps=1, num_workers=2, work_dir=str(tmp_path_factory.mktemp("cluster")))
-  with local.LocalCluster(config) as running:
-    yield running
+def cluster(loopback_cluster):
+  return loopback_cluster
 
 
 def test_every_task_serves_at_its_spec_address(cluster):
@@ -158,14 +156,8 @@ def test_tasks_die_when_the_parent_is_sigkilled():
 
 
 @pytest.fixture(scope="module")
-def hosts_cluster(tmp_path_factory):
-  from cluster import hosts
-  if (reason := hosts.unavailable()) is not None:
-    pytest.skip(reason)
-  config = local.LocalClusterConfig(num_ps=1, num_workers=2, hosts="netns",
-                                    work_dir=str(tmp_path_factory.mktemp("hosts")))
-  with local.LocalCluster(config) as running:
-    yield running
+def hosts_cluster(netns_cluster):
+  return netns_cluster  # Skips where virtual hosts cannot be made.
 
 
 def test_virtual_hosts_each_task_has_its_own_address_and_stack(hosts_cluster):

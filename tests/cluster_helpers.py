@@ -1,0 +1,121 @@
+"""A supervised chief training on a LocalCluster, as the fault tests watch it.
+
+Shared by the failure-matrix tests (test_recovery_cluster.py) and the
+partition tests (test_partition_cluster.py): both start one chief, inject a
+fault, and judge the recovery from what the chief wrote (the progress log,
+one record per loop and a `restored` one per coordinator start; the event
+log; its own log). Every wait is bounded and names what it waited for.
+"""
+
+import os
+from typing import Callable, Sequence
+
+from cluster import local
+from cluster import processes
+from cluster import spec as spec_lib
+from recovery import events as events_lib
+from recovery import progress as progress_lib
+
+# The small ctr the fault tests train.
+SMALL_CTR = "vocab_sizes=3000:2000:1000,embedding_dim=8,hidden=32:16,eval_examples=2048"
+CHIEF = spec_lib.TaskId(spec_lib.JobType.CHIEF, 0)
+
+
+def stop_chief(cluster: local.LocalCluster) -> None:
+  """Stops and forgets the cluster's chief, if any (a cluster has one chief at a time)."""
+  chief = cluster.tasks.pop(CHIEF, None)
+  if chief is not None:
+    chief.stop(grace=30)  # Time to save, as a chief gets everywhere in the tests.
+
+
+def cpu_seconds(pid: int) -> float:
+  """User + system CPU time of a process (to see that a worker runs closures)."""
+  with open(f"/proc/{pid}/stat") as f:
+    fields = f.read().rpartition(")")[2].split()
+  return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class ChiefRun:
+  """A supervised chief (`tfps run`) on `cluster`, and what it has written since.
+
+  Registers (does not start) the cluster's chief with `chief_flags`; only
+  what this chief writes counts, even where an earlier chief used the same
+  model_dir or log.
+  """
+
+  def __init__(self, cluster: local.LocalCluster, model_dir: str, chief_flags: Sequence[str]):
+    os.makedirs(model_dir, exist_ok=True)
+    self.cluster = cluster
+    self.model_dir = model_dir
+    self.chief = cluster.add_chief([f"--model_dir={model_dir}", *chief_flags],
+                                   stdout_path=os.path.join(model_dir, "chief.stdout"))
+    # Every chief of the cluster appends to one log: read only from here on.
+    self._log_offset = (os.path.getsize(self.chief.log_path)
+                        if os.path.exists(self.chief.log_path) else 0)
+    self._progress = progress_lib.ProgressLog(model_dir)
+    self._progress.read_new()
+    self.records: list[progress_lib.Progress] = []
+
+  def poll(self) -> list[progress_lib.Progress]:
+    new = self._progress.read_new()
+    self.records += new
+    return new
+
+  @property
+  def step(self) -> int:
+    """The last step a loop reached (restores not counted)."""
+    self.poll()
+    trained = [r.step for r in self.records if not r.restored]
+    return trained[-1] if trained else 0
+
+  @property
+  def restores(self) -> list[progress_lib.Progress]:
+    return self.restores_after(0)
+
+  def restores_after(self, index: int) -> list[progress_lib.Progress]:
+    """The coordinator starts recorded after record `index`."""
+    self.poll()
+    return [r for r in self.records[index:] if r.restored]
+
+  def wait_for(self, predicate: Callable[[], object], *, timeout: float, what: str) -> None:
+    """Waits for `predicate`; fails at once if the chief itself exited."""
+    def check():
+      if not self.chief.alive:
+        raise AssertionError(f"chief exited with {self.chief.returncode} while waiting for "
+                             f"{what}; see {self.chief.log_path}")
+      return predicate()
+    processes.wait_until(check, timeout=timeout, what=what)
+
+  def wait_for_step(self, step: int, timeout: float = 120) -> int:
+    """Waits until a loop ends past `step`; returns the step reached."""
+    self.wait_for(lambda: self.step > step, timeout=timeout, what=f"training past step {step}")
+    return self.step
+
+  def wait_for_restart_and_progress(self, since: int, timeout: float) -> progress_lib.Progress:
+    """Waits for a coordinator restart after record `since`, then a loop past it."""
+    self.wait_for(lambda: self.restores_after(since), timeout=timeout,
+                  what="a coordinator restart (a 'restored' progress record)")
+    restored = self.restores_after(since)[-1]
+    self.wait_for(lambda: self.step > restored.step and not self.records[-1].restored,
+                  timeout=timeout, what=f"training past the restored step {restored.step}")
+    return restored
+
+  def wait_for_work(self, handles: Sequence[local.TaskHandle], timeout: float = 120) -> None:
+    """Waits until each of `handles` (workers) runs closures again.
+
+    Measured as 0.5 s more CPU than now: an idle server uses next to none, so
+    this is proof of work, and it ends as soon as there is that proof.
+    """
+    start = {h.task: cpu_seconds(h.pid) for h in handles}
+    self.wait_for(lambda: all(cpu_seconds(h.pid) - start[h.task] > 0.5 for h in handles),
+                  timeout=timeout, what=f"{', '.join(str(h.task) for h in handles)} to run "
+                  "closures (0.5 s more CPU)")
+
+  def events(self) -> list[events_lib.Event]:
+    return events_lib.EventLog(self.model_dir).read()
+
+  def log(self) -> str:
+    """The chief's log since this run's chief was registered."""
+    with open(self.chief.log_path, "rb") as f:
+      f.seek(self._log_offset)
+      return f.read().decode("utf-8", errors="replace")
