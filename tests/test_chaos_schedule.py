@@ -81,73 +81,46 @@ def _record(step, time, restored=False):
   return progress.Progress(step, time, restored)
 
 
-def test_tracker_worker_kill_recovers_at_the_next_loop():
+# Each case: the fault, the loops before it, when it was injected, then the
+# batches of progress records observed after it (the fault counts as
+# recovered only after the last batch), and the recovery seconds and steps
+# lost the tracker must report.
+@pytest.mark.parametrize("fault, before, injected_at, batches, seconds, lost", [
+    # TF retries a lost worker's closures: the next loop is the recovery.
+    ("worker:1@20:kill+5", [(100, 10.0), (200, 11.0)], 11.5, [[(300, 13.0)]], 1.5, 0),
+    # A record not past the last step is no recovery; nor is the restore from
+    # ckpt-200 itself; the first loop past the restored step is.
+    ("ps:0@20:kill+3", [(200, 10.0), (300, 11.0)], 11.2,
+     [[(250, 12.0)], [(200, 20.0, True)], [(300, 24.2)]], 13.0, 100),
+    # Preempted: the loop it ends while saving is not a recovery, the
+    # restore (exactly where it saved) and the next loop are.
+    ("ps:0@20:term+3", [(300, 11.0)], 11.2,
+     [[(400, 12.0)], [(400, 20.0, True), (500, 21.5)]], 10.3, 0),
+    ("chief:0@20:term+3", [(300, 11.0)], 11.2,
+     [[(400, 12.0)], [(400, 20.0, True), (500, 21.5)]], 10.3, 0),
+    # A stopped ps resumes where it was: no restore.
+    ("ps:0@20:stop+5", [(300, 11.0)], 11.2, [[(400, 17.0)]], 5.8, 0),
+    # TCP bridges a short cut: the same coordinator goes on.
+    ("ps:0@20:cut+5", [(300, 11.0)], 11.2, [[(350, 19.6)]], 8.4, 0),
+    ("chief:0@20:cut+5", [(300, 11.0)], 11.2, [[(350, 19.6)]], 8.4, 0),
+    # A cut past the ps deadline restarts the coordinator from a checkpoint.
+    ("ps:0@20:cut+20", [(300, 11.0)], 11.2,
+     [[(200, 40.0, True)], [(250, 45.2)]], 34.0, 100),
+], ids=["worker_kill", "ps_kill", "ps_term", "chief_term", "ps_stop", "ps_short_cut",
+        "chief_short_cut", "ps_long_cut"])
+def test_tracker_recovery_seconds_and_steps_lost(fault, before, injected_at, batches,
+                                                 seconds, lost):
   tracker = chaos.RecoveryTracker()
-  tracker.observe([_record(100, 10.0), _record(200, 11.0)])
-  fault = chaos.parse_faults("worker:1@20:kill+5", CLUSTER)[0]
-  tracker.injected(fault, wall_time=11.5, since_start=20.0)
-  assert not tracker.all_recovered
-  tracker.observe([_record(300, 13.0)])
-  (outcome,) = tracker.outcomes()
-  assert outcome.recovered and outcome.seconds_to_recover == 1.5 and outcome.steps_lost == 0
-
-
-def test_tracker_ps_kill_counts_steps_lost_to_the_restored_checkpoint():
-  tracker = chaos.RecoveryTracker()
-  tracker.observe([_record(200, 10.0), _record(300, 11.0)])
-  fault = chaos.parse_faults("ps:0@20:kill+3", CLUSTER)[0]
-  tracker.injected(fault, wall_time=11.2, since_start=20.0)
-  tracker.observe([_record(250, 12.0)])  # A record from before the loss? Not past 300: wait.
-  assert not tracker.all_recovered
-  tracker.observe([_record(200, 20.0, restored=True)])  # New coordinator from ckpt-200.
-  assert not tracker.all_recovered
-  tracker.observe([_record(300, 24.2)])  # Past the restored step: progressing again.
-  (outcome,) = tracker.outcomes()
-  assert outcome.seconds_to_recover == 13.0 and outcome.steps_lost == 100
-  assert chaos.report([outcome])["steps_lost"] == 100
-
-
-@pytest.mark.parametrize("fault", ["ps:0@20:term+3", "chief:0@20:term+3"])
-def test_tracker_preempted_ps_or_chief_recovers_only_after_the_restore(fault):
-  tracker = chaos.RecoveryTracker()
-  tracker.observe([_record(300, 11.0)])
-  tracker.injected(chaos.parse_faults(fault, CLUSTER)[0], wall_time=11.2, since_start=20.0)
-  tracker.observe([_record(400, 12.0)])  # Still saving before it goes: not a recovery.
-  assert not tracker.all_recovered
-  tracker.observe([_record(400, 20.0, restored=True), _record(500, 21.5)])
-  (outcome,) = tracker.outcomes()
-  assert outcome.seconds_to_recover == 10.3 and outcome.steps_lost == 0
-
-
-def test_tracker_stopped_ps_recovers_without_a_restore():
-  tracker = chaos.RecoveryTracker()
-  tracker.observe([_record(300, 11.0)])
-  tracker.injected(chaos.parse_faults("ps:0@20:stop+5", CLUSTER)[0], wall_time=11.2,
+  tracker.observe([_record(*r) for r in before])
+  tracker.injected(chaos.parse_faults(fault, CLUSTER)[0], wall_time=injected_at,
                    since_start=20.0)
-  tracker.observe([_record(400, 17.0)])
-  assert tracker.outcomes()[0].seconds_to_recover == 5.8
-
-
-@pytest.mark.parametrize("fault", ["ps:0@20:cut+5", "chief:0@20:cut+5"])
-def test_tracker_short_cut_heals_without_a_restore(fault):
-  tracker = chaos.RecoveryTracker()
-  tracker.observe([_record(300, 11.0)])
-  tracker.injected(chaos.parse_faults(fault, CLUSTER)[0], wall_time=11.2, since_start=20.0)
-  tracker.observe([_record(350, 19.6)])  # TCP bridged the cut: the same coordinator goes on.
+  for batch in batches:
+    assert not tracker.all_recovered
+    tracker.observe([_record(*r) for r in batch])
   (outcome,) = tracker.outcomes()
-  assert outcome.seconds_to_recover == 8.4 and outcome.steps_lost == 0
-
-
-def test_tracker_long_cut_counts_steps_lost_to_the_restore():
-  tracker = chaos.RecoveryTracker()
-  tracker.observe([_record(300, 11.0)])
-  tracker.injected(chaos.parse_faults("ps:0@20:cut+20", CLUSTER)[0], wall_time=11.2,
-                   since_start=20.0)
-  tracker.observe([_record(200, 40.0, restored=True)])  # Past the ps deadline: restarted.
-  assert not tracker.all_recovered
-  tracker.observe([_record(250, 45.2)])
-  (outcome,) = tracker.outcomes()
-  assert outcome.seconds_to_recover == 34.0 and outcome.steps_lost == 100
+  assert outcome.recovered and tracker.all_recovered
+  assert (outcome.seconds_to_recover, outcome.steps_lost) == (seconds, lost)
+  assert chaos.report([outcome])["steps_lost"] == lost
 
 
 def test_tracker_does_not_count_an_earlier_faults_lost_steps_again():
