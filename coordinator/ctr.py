@@ -290,18 +290,27 @@ def _loss(labels, logits):
 
 
 class CtrTrainer(orbit.StandardTrainer):
-  """A plain single-machine Orbit trainer; the runtime schedules it on workers."""
+  """A plain single-machine Orbit trainer; the runtime schedules it on workers.
+
+  `train_step` returns the step's logs (`{"loss": ...}`) instead of updating
+  a loss metric: under parameter servers a metric's total and count are two
+  variables on a ps, written every step (docs/benchmarks.md measures the
+  cost), while `PSTrainer` sums returned logs inside each
+  closure and reports their mean per loop. Run by plain Orbit, the logs are
+  dropped (Orbit's loop ignores what `train_step` returns). The step counter
+  is the optimizer's own `iterations` (see `factory`), so no separate
+  counter is written per step either.
+  """
 
   def __init__(self, model, optimizer, global_step, train_dataset):
     self.strategy = tf.distribute.get_strategy()
     self.model = model
     self.optimizer = optimizer
+    if global_step is not optimizer.iterations:
+      raise errors.UsageError(
+          "CtrTrainer: global_step must be optimizer.iterations (it counts the steps)")
     self.global_step = global_step
-    self.train_loss = tf_keras.metrics.Mean("loss")
     super().__init__(train_dataset)
-
-  def train_loop_begin(self):
-    self.train_loss.reset_state()
 
   def train_step(self, iterator):
     def step_fn(inputs):
@@ -310,13 +319,9 @@ class CtrTrainer(orbit.StandardTrainer):
         loss = tf.reduce_mean(_loss(labels, self.model(features, training=True)))
       grads = tape.gradient(loss, self.model.trainable_variables)
       self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
-      self.train_loss.update_state(loss)
+      return loss
 
-    self.strategy.run(step_fn, args=(next(iterator),))
-    self.global_step.assign_add(1)
-
-  def train_loop_end(self):
-    return {"loss": self.train_loss.result()}
+    return {"loss": self.strategy.run(step_fn, args=(next(iterator),))}
 
 
 class CtrEvaluator(orbit.StandardEvaluator):
@@ -363,7 +368,9 @@ def factory(context: experiment_lib.ExperimentContext) -> experiment_lib.Experim
   # lets rare ids move from their first update on.
   optimizer = FusedAdagrad(config.learning_rate, initial_accumulator_value=1e-6)
   optimizer.build(model.trainable_variables)  # Slots exist before a restore.
-  global_step = orbit.utils.create_global_step()
+  # The optimizer counts its updates, one per step: that counter is the
+  # global step (a second counter would be one more ps write per step).
+  global_step = optimizer.iterations
   batch = context.global_batch_size
   return experiment_lib.Experiment(
       trainer=CtrTrainer(model, optimizer, global_step,

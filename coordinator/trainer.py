@@ -19,6 +19,12 @@ steps (measured: `tfps bench`, docs/benchmarks.md).
 (the chief does this for every `StandardTrainer` an experiment returns, so
 an experiment never needs to.)
 
+Step logs: a `train_step` may return its step's logs, a dict of scalars
+such as `{"loss": loss}`. They are summed inside the closure (no per-step
+write to a ps, see `coordinator.step_logs`) and their mean over the loop is
+added to `train_loop_end`'s outputs. A trainer that keeps its own metrics
+instead works unchanged; it pays their per-step writes to the ps.
+
 Step counting and retries (at-least-once):
   `ClusterCoordinator` runs each closure *at least once*: when a worker dies
   mid-closure, the steps it already ran stay applied on the ps and the whole
@@ -32,16 +38,18 @@ Step counting and retries (at-least-once):
   run ends at or just past `train_steps`, checkpoints are numbered with the
   step value they contain, and a resumed run starts from exactly that value.
   Metrics a trainer accumulates on the ps (e.g. a mean loss) likewise include
-  re-run steps.
+  re-run steps; step logs do not (a closure's result is its successful
+  attempt's).
 """
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import orbit
 import tensorflow as tf
 
 from coordinator import datasets
+from coordinator import step_logs
 from coordinator import strategy as strategy_lib
 from recovery import errors
 
@@ -101,6 +109,7 @@ class PSTrainer(orbit.StandardTrainer):
     self._steps_per_closure = steps_per_closure
     self._pause = pause or (lambda: False)
     self.closures_scheduled = 0
+    self._loop_logs = {}
     per_worker = tf.nest.map_structure(
         lambda d: datasets.per_worker_dataset(
             runtime.coordinator, d, num_workers=runtime.num_workers,
@@ -122,7 +131,21 @@ class PSTrainer(orbit.StandardTrainer):
     return self._trainer.train_step(iterator)
 
   def train_loop_end(self):
-    return self._trainer.train_loop_end()
+    """The wrapped trainer's outputs, plus the loop's mean step logs.
+
+    On a name both have, the wrapped trainer's own output wins.
+    """
+    output = self._trainer.train_loop_end()
+    logs, self._loop_logs = self._loop_logs, {}
+    if not logs:
+      return output
+    if output is None:
+      return logs
+    if isinstance(output, (dict, Mapping)):  # dict: also TF's tracked dict wrapper.
+      return {**logs, **output}
+    raise errors.UsageError(
+        f"{type(self._trainer).__name__}.train_loop_end returned {type(output).__name__}; "
+        f"with step logs it must return a dict or None")
 
   def create_train_loop_fn(self) -> Callable[[Any, tf.Tensor], None]:
     """The loop Orbit calls: schedule closures over all workers, then join."""
@@ -131,24 +154,42 @@ class PSTrainer(orbit.StandardTrainer):
     train_step = self._trainer.train_step
     unroll = self._unroll
 
+    what = type(self._trainer).__name__
+
     @tf.function
     def closure(iterator, num_steps):
-      for _ in tf.range(num_steps // unroll):  # A tf.while_loop on the worker.
+      # The first step's logs (if any) give the structure of the running sums.
+      sums = step_logs.start(train_step(iterator), what)
+      rest = num_steps - 1
+      for _ in tf.range(rest // unroll):  # A tf.while_loop on the worker.
         for _ in range(unroll):  # Python: `unroll` steps in one iteration.
-          train_step(iterator)
-      for _ in tf.range(num_steps % unroll):
-        train_step(iterator)
+          sums = step_logs.add(sums, train_step(iterator))
+      for _ in tf.range(rest % unroll):
+        sums = step_logs.add(sums, train_step(iterator))
+      return sums
 
     def loop_fn(iterator, num_steps):
       sizes = plan_closures(int(num_steps), self._steps_per_closure,
                             self._runtime.num_workers)
+      scheduled = []
       # Traced in scope so that the trainer sees the strategy it was built in.
       with strategy.scope():
         for size in sizes:
           if self._pause():
             break  # Finish what runs (join below); the chief saves next.
-          coordinator.schedule(closure, args=(iterator, tf.constant(size, tf.int32)))
+          try:
+            remote = coordinator.schedule(closure, args=(iterator, tf.constant(size, tf.int32)))
+          except Exception as e:  # Traced at the first schedule: bad step logs.
+            usage = step_logs.usage_error_in(e)
+            if usage is None:
+              raise
+            raise usage from None
+          scheduled.append((size, remote))
           self.closures_scheduled += 1
       coordinator.join()
+      # After join() every closure has its result; fetching is one small
+      # read per closure (a few per loop), not per step.
+      self._loop_logs = step_logs.loop_means(
+          [(size, remote.fetch()) for size, remote in scheduled])
 
     return loop_fn

@@ -55,8 +55,8 @@ def blocking_save(context):
 
 class _NanTrainer(ctr.CtrTrainer):
   def train_step(self, iterator):
-    super().train_step(iterator)
-    self.train_loss.update_state(tf.math.log(-1.0))  # Real NaN, computed on a worker.
+    logs = super().train_step(iterator)
+    return {"loss": logs["loss"] + tf.math.log(-1.0)}  # Real NaN, computed on a worker.
 
 
 def nan_loss(context):

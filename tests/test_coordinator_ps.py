@@ -162,6 +162,42 @@ def test_unrolled_closures_run_exactly_the_steps_asked(runtime):
     trainer_lib.PSTrainer(trainer.trainer, runtime, steps_per_closure=7, unroll=0)
 
 
+class _StepNumberTrainer(orbit.StandardTrainer):
+  """Returns, as its step's logs, the number of the step it ran (unique per step)."""
+
+  def __init__(self, step, *, logs=None, output=None):
+    self.step, self._logs, self._output = step, logs, output
+    super().__init__(tf.data.Dataset.range(1 << 30))
+
+  def train_step(self, iterator):
+    next(iterator)
+    number = self.step.assign_add(1)
+    return self._logs if self._logs is not None else {"step": number, "one": 1.0}
+
+  def train_loop_end(self):
+    return self._output
+
+
+def test_step_logs_are_averaged_over_each_loop(runtime):
+  # Every step's number is counted once: a loop of 30 steps from 0 averages
+  # 15.5 whichever worker ran which step, over closures of 7 steps with 3 per
+  # loop iteration (the first step, the unrolled loop and the remainder).
+  with runtime.strategy.scope():
+    step = orbit.utils.create_global_step()
+  trainer = trainer_lib.PSTrainer(_StepNumberTrainer(step, output={"one": -1}), runtime,
+                                  steps_per_closure=7, unroll=3)
+  assert trainer.train(tf.constant(30)) == {"step": 15.5, "one": -1}  # The trainer's wins.
+  assert trainer.train(tf.constant(10)) == {"step": 35.5, "one": -1}
+  assert trainer.closures_scheduled == 5 + 2
+
+  with runtime.strategy.scope():
+    bad = trainer_lib.PSTrainer(_StepNumberTrainer(step, logs={"v": tf.zeros([2])}),
+                                runtime, steps_per_closure=5)
+  with pytest.raises(errors.UsageError, match=r"_StepNumberTrainer.train_step returned "
+                                              r"logs\['v'\] of shape \(2,\)"):
+    bad.train(tf.constant(5))
+
+
 @pytest.mark.parametrize("form", ["dataset", "dataset_fn"])
 def test_per_worker_datasets_are_split_by_worker(runtime, form):
   if form == "dataset":
@@ -200,7 +236,7 @@ def test_exact_eval_equals_single_machine_metrics(runtime):
   with runtime.strategy.scope():
     model = ctr.build_model(config, seed=3)
     optimizer = tf_keras.optimizers.Adam(0.01)
-    step = orbit.utils.create_global_step()
+    step = optimizer.iterations  # CtrTrainer counts steps with the optimizer.
     trainer = ctr.CtrTrainer(model, optimizer, step, ctr.train_dataset_fn(config, 3, 128))
     evaluator = ctr.CtrEvaluator(model, ctr.eval_dataset_fn(config, 3, 64))
   trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=10).train(tf.constant(40))

@@ -72,7 +72,7 @@ CLIENT = textwrap.dedent(f'''
     with runtime.strategy.scope():
       model = ctr.build_model(config, seed=3)
       optimizer = tf_keras.optimizers.Adagrad(0.05)
-      step = orbit.utils.create_global_step()
+      step = optimizer.iterations  # CtrTrainer counts steps with the optimizer.
       trainer = ctr.CtrTrainer(model, optimizer, step, ctr.train_dataset_fn(config, 3, 256))
       evaluator = ctr.CtrEvaluator(model, ctr.eval_dataset_fn(config, 3, 256))
     # Trained a little, so that the metrics are those of a real model.

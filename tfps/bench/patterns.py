@@ -14,7 +14,11 @@ whichever pattern runs); only the way steps reach the workers differs:
   on a runtime from `coordinator.strategy.connect` (tfps's own defaults).
 
 The stock patterns run on `stock_runtime`: the strategy as TF's tutorial
-builds it.
+builds it. They report the training loss the stock way, a
+`tf_keras.metrics.Mean` updated every step from the step's logs (the
+tutorial's metrics and Model Garden's `train_loss` are kept so); under
+parameter servers its total and count live on a ps. tfps sums the same logs
+inside each closure instead (`coordinator.step_logs`).
 
 Each has `train(num_steps)`, which returns once those steps have run (no
 closure still in flight), `evaluate()` (exact AUC over the whole eval set)
@@ -27,6 +31,7 @@ import time
 
 import orbit
 import tensorflow as tf
+import tf_keras
 
 from cluster import spec as spec_lib
 from coordinator import ctr
@@ -104,6 +109,24 @@ def _train_to(controller: orbit.Controller, num_steps: int) -> None:
                      checkpoint_at_completion=False)
 
 
+class _LossMetric(orbit.StandardTrainer):
+  """A trainer whose step logs feed a per-step `Mean` metric (the stock way)."""
+
+  def __init__(self, trainer: orbit.StandardTrainer, train_dataset):
+    self._trainer = trainer
+    self.train_loss = tf_keras.metrics.Mean("loss")
+    super().__init__(train_dataset)
+
+  def train_loop_begin(self):
+    self.train_loss.reset_state()
+
+  def train_step(self, iterator):
+    self.train_loss.update_state(self._trainer.train_step(iterator)["loss"])
+
+  def train_loop_end(self):
+    return {"loss": self.train_loss.result()}
+
+
 def _auc(output) -> float:
   return float(output["auc"].numpy() if hasattr(output["auc"], "numpy") else output["auc"])
 
@@ -119,9 +142,9 @@ class SingleProcess:
     parts = ctr.factory(context).trainer
     self.global_step = parts.global_step
     whole = tf.distribute.InputContext()
-    self._trainer = ctr.CtrTrainer(
-        parts.model, parts.optimizer, parts.global_step,
-        ctr.train_dataset_fn(config, seed, batch_size, parts.global_step)(whole))
+    dataset = ctr.train_dataset_fn(config, seed, batch_size, parts.global_step)(whole)
+    self._trainer = _LossMetric(
+        ctr.CtrTrainer(parts.model, parts.optimizer, parts.global_step, dataset), dataset)
     self._evaluator = ctr.CtrEvaluator(
         parts.model, ctr.eval_dataset_fn(config, seed, batch_size)(whole))
     self._controller = _controller(self._trainer, self.global_step, steps_per_loop)
@@ -176,8 +199,11 @@ class Tutorial(_Distributed):
   def __init__(self, runtime, params, *, batch_size: int, seed: int, steps_per_loop: int):
     super().__init__(runtime, params, batch_size=batch_size, seed=seed)
     self._steps_per_loop = steps_per_loop
-    self._iterator = iter(self.stock_per_worker_dataset())
-    self._step_fn = tf.function(self.experiment.trainer.train_step)
+    dataset = self.stock_per_worker_dataset()
+    self._iterator = iter(dataset)
+    with runtime.strategy.scope():
+      self._trainer = _LossMetric(self.experiment.trainer, dataset)
+    self._step_fn = tf.function(self._trainer.train_step)
 
   def train(self, num_steps: int) -> None:
     coordinator = self.runtime.coordinator
@@ -222,8 +248,10 @@ class ModelGarden(_Distributed):
 
   def __init__(self, runtime, params, *, batch_size: int, seed: int, steps_per_loop: int):
     super().__init__(runtime, params, batch_size=batch_size, seed=seed)
-    trainer = _ModelGardenTrainer(self.experiment.trainer, self.runtime.coordinator,
-                                  self.stock_per_worker_dataset())
+    dataset = self.stock_per_worker_dataset()
+    with runtime.strategy.scope():
+      with_metric = _LossMetric(self.experiment.trainer, dataset)
+    trainer = _ModelGardenTrainer(with_metric, self.runtime.coordinator, dataset)
     self._controller = _controller(trainer, self.global_step, steps_per_loop,
                                    runtime.strategy)
 
