@@ -129,10 +129,13 @@ class TaskHandle:
       processes.signal_group(self._process, sig)
 
   def pause(self) -> None:
-    self.kill(signal.SIGSTOP)
+    """Freezes the whole task, children in their own sessions included."""
+    if self._process is not None:
+      processes.signal_tree(self._process, signal.SIGSTOP)
 
   def resume(self) -> None:
-    self.kill(signal.SIGCONT)
+    if self._process is not None:
+      processes.signal_tree(self._process, signal.SIGCONT)
 
   def wait(self, timeout: float) -> int:
     """Waits for the process to exit; returns its exit code (-N: signal N)."""

@@ -101,6 +101,43 @@ def signal_group(process: subprocess.Popen, sig: int) -> None:
     pass
 
 
+def _descendants(pid: int) -> list[int]:
+  """Every live descendant of `pid`, parents before their children (from /proc)."""
+  children: dict[int, list[int]] = {}
+  for entry in os.listdir("/proc"):
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f"/proc/{entry}/stat") as f:
+        stat = f.read()
+    except OSError:
+      continue  # Gone since listdir.
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+    ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+    children.setdefault(ppid, []).append(int(entry))
+  found, queue = [], list(children.get(pid, []))
+  while queue:
+    child = queue.pop(0)
+    found.append(child)
+    queue.extend(children.get(child, []))
+  return found
+
+
+def signal_tree(process: subprocess.Popen, sig: int) -> None:
+  """Sends `sig` to `process`'s group and to every descendant's group.
+
+  A task's children may run in their own sessions (the chief's supervisor
+  starts its coordinator so), out of reach of `signal_group`; freezing a task
+  (SIGSTOP, as a frozen VM or container would be) must reach them too.
+  """
+  signal_group(process, sig)
+  for pid in _descendants(process.pid):
+    try:
+      os.killpg(os.getpgid(pid), sig)
+    except (ProcessLookupError, PermissionError):
+      pass
+
+
 def wait_for_exit(process: subprocess.Popen, timeout: float) -> int:
   """Waits up to `timeout` s for `process` to exit; returns its exit code.
 

@@ -56,3 +56,26 @@ def test_stop_group_ends_a_stopped_process_and_its_children():
 def test_wait_until_names_what_it_waited_for():
   with pytest.raises(TimeoutError, match=r"0\.2s waiting for the moon"):
     processes.wait_until(lambda: False, timeout=0.2, what="the moon")
+
+
+def _state(pid: int) -> str:
+  with open(f"/proc/{pid}/stat") as f:
+    stat = f.read()
+  return stat[stat.rindex(")") + 2]
+
+
+def test_signal_tree_freezes_children_in_their_own_sessions():
+  # As the chief's supervisor does with its coordinator: the child is in its
+  # own session, out of reach of a signal to the parent's process group.
+  parent = processes.spawn([sys.executable, "-c", PARENT], stdout=subprocess.PIPE)
+  try:
+    child_pid = int(parent.stdout.readline())
+    assert os.getpgid(child_pid) != os.getpgid(parent.pid)
+    processes.signal_tree(parent, signal.SIGSTOP)
+    processes.wait_until(lambda: _state(parent.pid) == "T" and _state(child_pid) == "T",
+                         timeout=10, what="parent and child to be stopped")
+    processes.signal_tree(parent, signal.SIGCONT)
+    processes.wait_until(lambda: _state(parent.pid) != "T" and _state(child_pid) != "T",
+                         timeout=10, what="parent and child to run again")
+  finally:
+    processes.stop_group(parent, grace=1.0)

@@ -123,8 +123,10 @@ def _inject(cluster, runner, fault: chaos.Fault) -> None:
   if fault.action == chaos.FaultAction.CUT:
     cluster.partition(fault.target)
     return
-  if fault.action != chaos.FaultAction.STOP:
-    runner.held.add(fault.target)  # Down until its delay is over.
+  if fault.action == chaos.FaultAction.STOP:
+    handle.pause()  # The whole task: the chief's coordinator runs in its own session.
+    return
+  runner.held.add(fault.target)  # Down until its delay is over.
   handle.kill(fault.action.signal)
 
 
