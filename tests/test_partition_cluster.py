@@ -37,8 +37,10 @@ def _chief_flags(train_steps: int) -> list[str]:
           f"--train_steps={train_steps}", "--steps_per_loop=50",
           f"--checkpoint_interval={CHECKPOINT_INTERVAL}", "--global_batch_size=128",
           f"--worker_timeout={WORKER_TIMEOUT}", f"--ps_timeout={PS_TIMEOUT}",
-          # The coordinator gets this long to save after the supervisor's SIGTERM.
-          "--grace_seconds=10"]
+          # The coordinator gets this long to save after the supervisor's SIGTERM
+          # (a loop and a save take < 1 s here). A coordinator stuck on a cut
+          # worker cannot end its loop and is killed after it: keep it short.
+          "--grace_seconds=5"]
 
 
 @pytest.fixture(scope="module")
