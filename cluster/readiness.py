@@ -39,10 +39,17 @@ def is_reachable(address: str, timeout: float) -> bool:
   return bool(reachable(cluster, [spec_lib.TaskId(spec_lib.JobType.PS, 0)], timeout))
 
 
+_FRESH_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)
+
+
 def reachable(cluster: spec_lib.ClusterSpec, tasks: list[spec_lib.TaskId],
                    timeout: float) -> set[spec_lib.TaskId]:
   """Probes `tasks` in parallel; returns those READY within `timeout` s (one round)."""
-  channels = {t: grpc.insecure_channel(cluster.address(t)) for t in tasks}
+  # A channel of its own subchannel pool connects afresh: from the global
+  # pool it could pick up a connection a previous probe left open, which
+  # stays READY across a partition (dropped packets close nothing).
+  channels = {t: grpc.insecure_channel(cluster.address(t), options=_FRESH_CONNECTION)
+              for t in tasks}
   try:
     futures = {t: grpc.channel_ready_future(c) for t, c in channels.items()}
     end = time.monotonic() + timeout
