@@ -457,8 +457,10 @@ def test_local_with_unwritable_model_dir_fails_before_starting(tmp_path):
      "experiment 'no_such_experiment' is unknown (built-in: ctr; "
      "or give package.module:factory)"),
     ("chaos", "--steps_per_loop=0", "steps_per_loop (0) must be a positive integer"),
+    ("local", "--worker_timeout=0", "worker_timeout (0.0) must be positive"),
+    ("local", "--max_restarts=-1", "max_restarts (-1) must be >= 0"),
 ], ids=["local_train_steps", "local_experiment_params", "local_unknown_experiment",
-        "chaos_steps_per_loop"])
+        "chaos_steps_per_loop", "local_worker_timeout", "local_max_restarts"])
 def test_local_bad_chief_flag_fails_before_starting_anything(tmp_path, command, flag, message):
   model_dir = str(tmp_path / "model")
   run = _local([f"--model_dir={model_dir}", flag, "--num_ps=1", "--num_workers=1"],

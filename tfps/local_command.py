@@ -69,6 +69,7 @@ def check_chief_flags(flags, cluster: local.LocalCluster, model_dir: str) -> Non
   TensorFlow (seconds on a busy machine); the validation needs neither.
   """
   run_command.chief_config(flags, cluster.spec.for_coordinator(), model_dir)
+  run_command.supervision(flags)
 
 
 def cluster_config(flags, model_dir: str) -> local.LocalClusterConfig:
