@@ -162,8 +162,8 @@ def test_unrolled_closures_run_exactly_the_steps_asked(runtime):
     trainer_lib.PSTrainer(trainer.trainer, runtime, steps_per_closure=7, unroll=0)
 
 
-class _StepNumberTrainer(orbit.StandardTrainer):
-  """Returns, as its step's logs, the number of the step it ran (unique per step)."""
+class _StepLogTrainer(orbit.StandardTrainer):
+  """Counts its steps and returns fixed logs: every step logs one and two."""
 
   def __init__(self, step, *, logs=None, output=None):
     self.step, self._logs, self._output = step, logs, output
@@ -171,29 +171,32 @@ class _StepNumberTrainer(orbit.StandardTrainer):
 
   def train_step(self, iterator):
     next(iterator)
-    number = self.step.assign_add(1)
-    return self._logs if self._logs is not None else {"step": number, "one": 1.0}
+    self.step.assign_add(1)
+    return self._logs if self._logs is not None else {"ones": 1.0, "twos": 2}
 
   def train_loop_end(self):
     return self._output
 
 
 def test_step_logs_are_averaged_over_each_loop(runtime):
-  # Every step's number is counted once: a loop of 30 steps from 0 averages
-  # 15.5 whichever worker ran which step, over closures of 7 steps with 3 per
-  # loop iteration (the first step, the unrolled loop and the remainder).
+  # Closures of 7 steps with 3 per loop iteration (the first step, the
+  # unrolled loop and the remainder each log): a loop's mean of a log that is
+  # 1 every step is exactly 1 only if every step was summed once and the
+  # closures weighed by their steps. (Logged values come from the trainer,
+  # not from a shared counter: `assign_add`'s returned value is re-read after
+  # the add, so two workers can read the same one.)
   with runtime.strategy.scope():
     step = orbit.utils.create_global_step()
-  trainer = trainer_lib.PSTrainer(_StepNumberTrainer(step, output={"one": -1}), runtime,
+  trainer = trainer_lib.PSTrainer(_StepLogTrainer(step, output={"twos": -1}), runtime,
                                   steps_per_closure=7, unroll=3)
-  assert trainer.train(tf.constant(30)) == {"step": 15.5, "one": -1}  # The trainer's wins.
-  assert trainer.train(tf.constant(10)) == {"step": 35.5, "one": -1}
-  assert trainer.closures_scheduled == 5 + 2
+  assert trainer.train(tf.constant(30)) == {"ones": 1.0, "twos": -1}  # The trainer's wins.
+  assert trainer.train(tf.constant(10)) == {"ones": 1.0, "twos": -1}
+  assert int(step.numpy()) == 40 and trainer.closures_scheduled == 5 + 2
 
   with runtime.strategy.scope():
-    bad = trainer_lib.PSTrainer(_StepNumberTrainer(step, logs={"v": tf.zeros([2])}),
+    bad = trainer_lib.PSTrainer(_StepLogTrainer(step, logs={"v": tf.zeros([2])}),
                                 runtime, steps_per_closure=5)
-  with pytest.raises(errors.UsageError, match=r"_StepNumberTrainer.train_step returned "
+  with pytest.raises(errors.UsageError, match=r"_StepLogTrainer.train_step returned "
                                               r"logs\['v'\] of shape \(2,\)"):
     bad.train(tf.constant(5))
 
