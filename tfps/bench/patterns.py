@@ -144,7 +144,7 @@ class SingleProcess:
     whole = tf.distribute.InputContext()
     dataset = ctr.train_dataset_fn(config, seed, batch_size, parts.global_step)(whole)
     self._trainer = _LossMetric(
-        ctr.CtrTrainer(parts.model, parts.optimizer, dataset), dataset)
+        ctr.CtrTrainer(parts.model, parts.optimizer, parts.global_step, dataset), dataset)
     self._evaluator = ctr.CtrEvaluator(
         parts.model, ctr.eval_dataset_fn(config, seed, batch_size)(whole))
     self._controller = _controller(self._trainer, self.global_step, steps_per_loop)
