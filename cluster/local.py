@@ -141,7 +141,10 @@ class TaskHandle:
     """Waits for the process to exit; returns its exit code (-N: signal N)."""
     if self._process is None:
       raise RuntimeError(f"{self.task} was never started")
-    return processes.wait_for_exit(self._process, timeout)
+    try:
+      return processes.wait_for_exit(self._process, timeout)
+    except TimeoutError as e:
+      raise TimeoutError(f"{self.task}: {e}; see {self.log_path}") from None
 
   def stop(self, grace: float = 5.0) -> int | None:
     """SIGTERM, then SIGKILL after `grace` s; returns the exit code."""

@@ -9,6 +9,7 @@ import signal
 import threading
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_WAKE_SECONDS = 0.5
 
 
 class StopSignals:
@@ -36,4 +37,12 @@ class StopSignals:
     return self._event.is_set()
 
   def wait(self, timeout: float | None = None) -> bool:
-    return self._event.wait(timeout)
+    if timeout is not None:
+      return self._event.wait(timeout)
+    # Python runs signal handlers on the main thread, between bytecodes. A
+    # signal the kernel hands to one of TF's threads does not interrupt a
+    # main thread blocked in an untimed lock wait, so the handler (and the
+    # stop) would wait forever: wake up now and then to let it run.
+    while not self._event.wait(_WAKE_SECONDS):
+      pass
+    return True

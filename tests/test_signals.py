@@ -1,0 +1,28 @@
+"""Stop signals reach a process whichever of its threads the kernel picks (no TF)."""
+
+import subprocess
+import sys
+import textwrap
+
+# The signal is sent to a thread other than the main one, as the kernel may
+# do in a process full of TF threads; the main thread waits without timeout.
+_SCRIPT = textwrap.dedent("""
+    import signal, threading
+    from recovery import signals
+    stop = signals.StopSignals.install()
+    ready = threading.Event()
+    def other_thread():
+      ready.wait()
+      signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+    threading.Thread(target=other_thread, daemon=True).start()
+    ready.set()
+    stop.wait()
+    print("stopped by", signal.Signals(stop.signum).name)
+""")
+
+
+def test_a_stop_signal_taken_by_another_thread_ends_the_wait():
+  done = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
+                        timeout=20)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.strip() == "stopped by SIGTERM"
