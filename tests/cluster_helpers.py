@@ -19,6 +19,13 @@ from recovery import progress as progress_lib
 # The small ctr the fault tests train.
 SMALL_CTR = "vocab_sizes=3000:2000:1000,embedding_dim=8,hidden=32:16,eval_examples=2048"
 CHIEF = spec_lib.TaskId(spec_lib.JobType.CHIEF, 0)
+# How the fault tests' chiefs train and save.
+CHECKPOINT_INTERVAL = 200
+STEPS_PER_LOOP = 50
+# Most steps a ps or chief loss can roll back: a loop can end (and be
+# recorded) on a checkpoint step and the fault land before its save is
+# complete, and a retried closure can carry a loop a few steps further.
+MAX_STEPS_LOST = CHECKPOINT_INTERVAL + STEPS_PER_LOOP
 
 
 def stop_chief(cluster: local.LocalCluster) -> None:
