@@ -16,9 +16,9 @@ from typing import Any, Mapping
 from cluster import spec as spec_lib
 from recovery import errors
 
-# Variables larger than this are split across the ps tasks (why this size:
-# `coordinator.strategy`, which re-exports it).
-DEFAULT_MIN_SHARD_BYTES = 256 << 10
+# Variables larger than this are split across the ps tasks, in shards of at
+# least this size (why this size: `coordinator.strategy`, which re-exports it).
+DEFAULT_MIN_SHARD_BYTES = 64 << 20
 
 # The built-in experiments, by name: the factory each stands for.
 BUILTIN_EXPERIMENTS = types.MappingProxyType({"ctr": "coordinator.ctr:factory"})

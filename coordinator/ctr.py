@@ -302,14 +302,11 @@ class CtrTrainer(orbit.StandardTrainer):
   counter is written per step either.
   """
 
-  def __init__(self, model, optimizer, global_step, train_dataset):
+  def __init__(self, model, optimizer, train_dataset):
     self.strategy = tf.distribute.get_strategy()
     self.model = model
     self.optimizer = optimizer
-    if global_step is not optimizer.iterations:
-      raise errors.UsageError(
-          "CtrTrainer: global_step must be optimizer.iterations (it counts the steps)")
-    self.global_step = global_step
+    self.global_step = optimizer.iterations  # Counted by apply_gradients.
     super().__init__(train_dataset)
 
   def train_step(self, iterator):
@@ -373,7 +370,7 @@ def factory(context: experiment_lib.ExperimentContext) -> experiment_lib.Experim
   global_step = optimizer.iterations
   batch = context.global_batch_size
   return experiment_lib.Experiment(
-      trainer=CtrTrainer(model, optimizer, global_step,
+      trainer=CtrTrainer(model, optimizer,
                          train_dataset_fn(config, context.seed, batch, global_step)),
       evaluator=CtrEvaluator(model, eval_dataset_fn(config, context.seed, batch)),
       checkpoint_items={"model": model, "optimizer": optimizer},

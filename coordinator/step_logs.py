@@ -6,7 +6,7 @@ inside each closure as local tensors of the closure's while loop, returns
 the sums with the closure, and reports their mean over the loop. The usual
 alternative, a `tf_keras.metrics.Mean` updated every step, keeps its total
 and count in two variables on a parameter server: two remote writes per
-step, ~3 ms of CPU per step with the global step's own (docs/benchmarks.md).
+step (docs/benchmarks.md measures what dropping them saves).
 
 Retries: a closure that fails on a worker and runs again elsewhere returns
 the sums of its successful attempt only, so the loop's mean is over exactly

@@ -12,12 +12,17 @@ Large variables are split across the ps tasks when `min_shard_bytes` is set
 (Keras 2) layers work with such variables (FIELD_NOTES.md). Smaller
 variables are placed whole, round-robin over the ps tasks.
 
-The default (256 KiB) shards every embedding table of the built-in ctr
-across the ps tasks. Each shard costs a lookup and an update on its ps and a
-partition/stitch on the worker every step; `tfps bench --scaling` measured
-the table split over 2 ps at 1.2-1.6x the total CPU per step of 1 unsplit ps
-(about 2x on the ps; docs/benchmarks.md), so `--min_shard_bytes` is a knob:
-raise it to split only tables big enough to unbalance the ps tasks.
+Every shard costs a lookup and an update on its ps and a partition/stitch
+on the worker, every step, whatever its size: per step, a ps's work is
+mostly a fixed cost per tensor it serves, not per byte (docs/scaling.md).
+So the default splits only variables larger than 64 MiB: big tables are
+still spread over the ps (memory, bytes per step), while a table that one ps
+holds easily stays whole and costs one lookup and one update per step. The
+built-in ctr's tables (8-16 MB) stay whole and the model's variables spread
+round-robin over the ps, which took about a sixth less CPU per step than the
+table split over 2 ps at TF's tutorial size, 256 KiB (docs/benchmarks.md).
+Lower `--min_shard_bytes` to split smaller tables (e.g. to spread one hot
+table over the ps).
 
 Nothing here reads or sets environment variables. TensorFlow's own knobs for
 PS training are environment variables read inside TensorFlow; the process

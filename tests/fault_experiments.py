@@ -62,7 +62,7 @@ class _NanTrainer(ctr.CtrTrainer):
 def nan_loss(context):
   experiment = ctr.factory(context)
   t = experiment.trainer
-  trainer = _NanTrainer(t.model, t.optimizer, t.global_step, t.train_dataset)
+  trainer = _NanTrainer(t.model, t.optimizer, t.train_dataset)
   return experiment_lib.Experiment(
       trainer=trainer, evaluator=experiment.evaluator,
       checkpoint_items=experiment.checkpoint_items, global_step=experiment.global_step)

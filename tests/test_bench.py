@@ -13,8 +13,9 @@ VARIANTS = ("single_process", "tutorial", "model_garden", "tfps")
 def _raw(rates):
   return {"noop_closure_us": 1234.0, "sizes": {"default": {
       variant: {"examples_per_sec": list(r), "window_seconds": [1.0] * len(r), "steps": 500,
-                "eval_auc": 0.8, "cpu_ms_per_step": [{"chief": 1.0, "total": 1.0}] * len(r), **({"closures": 9, "schedule_us": 1500.0}
-                                    if variant != "single_process" else {})}
+                "eval_auc": 0.8, "cpu_ms_per_step": [{"chief": 1.0, "total": 1.0}] * len(r),
+                **({"closures": 9, "schedule_us": 1500.0}
+                   if variant != "single_process" else {})}
       for variant, r in rates.items()}}}
 
 
@@ -70,5 +71,8 @@ def test_bench_runs_every_variant_and_prints_the_json_fields(tfps, tmp_path):
   assert len(set(tiny["steps"].values())) == 1  # AUC at equal steps.
   assert all(0.5 < auc <= 1.0 for auc in out["eval_auc"].values())
   assert out["closure_overhead_us"] > 0
+  # Each stock pattern places variables as its source does; tfps by its default.
+  assert {v: c["min_shard_bytes"] for v, c in out["setup"].items()} == {
+      "tutorial": 256 << 10, "model_garden": None, "tfps": 64 << 20}
   assert out["machine"]["cores"] >= 1 and "before" in out["load_average"]
   assert "examples/s" in result.stderr and "model_garden" in result.stderr

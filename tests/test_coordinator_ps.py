@@ -239,8 +239,7 @@ def test_exact_eval_equals_single_machine_metrics(runtime):
   with runtime.strategy.scope():
     model = ctr.build_model(config, seed=3)
     optimizer = tf_keras.optimizers.Adam(0.01)
-    step = optimizer.iterations  # CtrTrainer counts steps with the optimizer.
-    trainer = ctr.CtrTrainer(model, optimizer, step, ctr.train_dataset_fn(config, 3, 128))
+    trainer = ctr.CtrTrainer(model, optimizer, ctr.train_dataset_fn(config, 3, 128))
     evaluator = ctr.CtrEvaluator(model, ctr.eval_dataset_fn(config, 3, 64))
   trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=10).train(tf.constant(40))
   expected, count = _reference_ctr_metrics(model, config, 3, 64)

@@ -73,7 +73,7 @@ CLIENT = textwrap.dedent(f'''
       model = ctr.build_model(config, seed=3)
       optimizer = tf_keras.optimizers.Adagrad(0.05)
       step = optimizer.iterations  # CtrTrainer counts steps with the optimizer.
-      trainer = ctr.CtrTrainer(model, optimizer, step, ctr.train_dataset_fn(config, 3, 256))
+      trainer = ctr.CtrTrainer(model, optimizer, ctr.train_dataset_fn(config, 3, 256))
       evaluator = ctr.CtrEvaluator(model, ctr.eval_dataset_fn(config, 3, 256))
     # Trained a little, so that the metrics are those of a real model.
     trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=10).train(tf.constant(40))

@@ -115,23 +115,28 @@ def _control_address(config: spec_lib.TaskConfig) -> str | None:
   return control.control_address(config.cluster)
 
 
-def supervision(flags) -> tuple[policy.RestartPolicy, worker_watch.WorkerWatchConfig]:
-  """The supervisor's flags, validated: a UsageError names the flag and its value."""
+def supervision(flags) -> tuple[supervisor.SupervisorConfig, worker_watch.WorkerWatchConfig]:
+  """The supervisor's settings from its flags, validated before anything starts.
+
+  The flags whose config fields have other names are checked here, so that
+  the one-line error names the flag; `SupervisorConfig` checks the rest.
+  """
   if flags.max_restarts < 0:
     raise errors.UsageError(f"max_restarts ({flags.max_restarts}) must be >= 0")
-  for name in ("restart_window", "worker_timeout", "cluster_wait_seconds"):
+  for name in ("restart_window", "worker_timeout", "grace_seconds"):
     if not getattr(flags, name) > 0:
       raise errors.UsageError(f"{name} ({getattr(flags, name)}) must be positive")
-  if not flags.grace_seconds >= 0:
-    raise errors.UsageError(f"grace_seconds ({flags.grace_seconds}) must be >= 0")
-  return (policy.RestartPolicy(max_restarts=flags.max_restarts,
-                               window_seconds=flags.restart_window),
+  return (supervisor.SupervisorConfig(
+              policy=policy.RestartPolicy(max_restarts=flags.max_restarts,
+                                          window_seconds=flags.restart_window),
+              cluster_wait_seconds=flags.cluster_wait_seconds,
+              stop_grace_seconds=flags.grace_seconds),
           worker_watch.WorkerWatchConfig(timeout=flags.worker_timeout))
 
 
 def _supervise_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCode:
   """The chief as a supervisor of coordinator processes (recovery.supervisor)."""
-  restart_policy, watch_config = supervision(flags)  # Bad flags: before anything is made.
+  supervisor_config, watch_config = supervision(flags)  # Bad flags: before anything is made.
   model_dir = ensure_model_dir(flags.model_dir)
   servers = [t for t in config.cluster.for_coordinator().tasks()
              if t.job != spec_lib.JobType.CHIEF]
@@ -164,10 +169,7 @@ def _supervise_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCod
     workers = [t for t in servers if t.job == spec_lib.JobType.WORKER]
 
     sup = supervisor.Supervisor(
-        supervisor.SupervisorConfig(
-            policy=restart_policy,
-            cluster_wait_seconds=flags.cluster_wait_seconds,
-            stop_grace_seconds=flags.grace_seconds),
+        supervisor_config,
         start_coordinator=start_coordinator, wait_for_cluster=wait_for_cluster,
         event_log=event_log, stop=stop,
         # The ps are probed too: a chief that sees no ps is itself cut off,

@@ -67,7 +67,8 @@ class BenchConfig:
       restore are timed (`checkpoint_cost`); () for none.
     work_dir: where the checkpoint timing writes (driver side).
     tfps_min_shard_bytes: the tfps variant's `--min_shard_bytes` (0: no
-      splitting); the stock patterns always get TF's tutorial value.
+      splitting); the stock patterns place variables as their sources do
+      (`patterns.stock_runtime`).
   """
 
   sizes: tuple[str, ...] = ("default", "dense")

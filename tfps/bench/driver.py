@@ -38,10 +38,10 @@ def _build(variant, runtimes, params, config):
   if variant == Variant.SINGLE_PROCESS:
     return patterns.SingleProcess(params, **common)
   if variant == Variant.TUTORIAL:
-    return patterns.Tutorial(runtimes["stock"], params, **common)
+    return patterns.Tutorial(runtimes[Variant.TUTORIAL], params, **common)
   if variant == Variant.MODEL_GARDEN:
-    return patterns.ModelGarden(runtimes["stock"], params, **common)
-  return patterns.Tfps(runtimes["tfps"], params, steps_per_closure=config.steps_per_closure,
+    return patterns.ModelGarden(runtimes[Variant.MODEL_GARDEN], params, **common)
+  return patterns.Tfps(runtimes[Variant.TFPS], params, steps_per_closure=config.steps_per_closure,
                        **common)
 
 
@@ -106,11 +106,14 @@ def run(spec_path: str, config: config_lib.BenchConfig) -> dict:
   cluster = spec_lib.from_json_file(spec_path, job_name="chief", task_index=0).cluster
   tfps_runtime = strategy_lib.connect(cluster, ready_timeout=120.0,
                                       min_shard_bytes=config.tfps_min_shard_bytes or None)
-  runtimes = {"tfps": tfps_runtime, "stock": patterns.stock_runtime(cluster)}
+  shard_bytes = {Variant.TUTORIAL: patterns.TUTORIAL_MIN_SHARD_BYTES,
+                 Variant.MODEL_GARDEN: patterns.MODEL_GARDEN_MIN_SHARD_BYTES}
+  runtimes = {Variant.TFPS: tfps_runtime,
+              **{v: patterns.stock_runtime(cluster, b) for v, b in shard_bytes.items()}}
   meter = cpu_lib.CpuMeter(spec_path)
   from coordinator import trainer as trainer_lib
   out = {"sizes": {}, "setup": {
-      "stock": {"min_shard_bytes": patterns.TUTORIAL_MIN_SHARD_BYTES},
+      **{v.value: {"min_shard_bytes": b} for v, b in shard_bytes.items()},
       "tfps": {"min_shard_bytes": config.tfps_min_shard_bytes,
                "unroll": trainer_lib.DEFAULT_UNROLL,
                "steps_per_closure": config.steps_per_closure}}}

@@ -13,8 +13,9 @@ whichever pattern runs); only the way steps reach the workers differs:
 * `Tfps`: `coordinator.trainer.PSTrainer`, exactly as the chief builds it,
   on a runtime from `coordinator.strategy.connect` (tfps's own defaults).
 
-The stock patterns run on `stock_runtime`: the strategy as TF's tutorial
-builds it. They report the training loss the stock way, a
+The stock patterns run on `stock_runtime`: the strategy as their sources
+build it (the tutorial splits the embedding table over the ps, Model Garden
+places every variable whole). They report the training loss the stock way, a
 `tf_keras.metrics.Mean` updated every step from the step's logs (the
 tutorial's metrics and Model Garden's `train_loss` are kept so); under
 parameter servers its total and count live on a ps. tfps sums the same logs
@@ -68,28 +69,37 @@ class ScheduleTimer:
     return getattr(self._coordinator, name)
 
 
-# TF's PS tutorial: `MinSizePartitioner(min_shard_bytes=256 << 10,
-# max_shards=NUM_PS)`; Model Garden's default ParameterServerStrategy setup
-# has no partitioner at all. The stock patterns get the tutorial's.
+# Each stock pattern places variables as its source does. TF's PS tutorial:
+# `MinSizePartitioner(min_shard_bytes=256 << 10, max_shards=NUM_PS)`. Model
+# Garden (`official/common/distribute_utils.py`) builds its
+# ParameterServerStrategy with no partitioner: every variable whole,
+# round-robin over the ps.
 TUTORIAL_MIN_SHARD_BYTES = 256 << 10
+MODEL_GARDEN_MIN_SHARD_BYTES = None
 
 
-def stock_runtime(cluster: spec_lib.ClusterSpec) -> strategy_lib.PSRuntime:
-  """ParameterServerStrategy + ClusterCoordinator exactly as TF's PS tutorial builds them.
+def stock_runtime(cluster: spec_lib.ClusterSpec,
+                  min_shard_bytes: int | None) -> strategy_lib.PSRuntime:
+  """ParameterServerStrategy + ClusterCoordinator as the stock patterns build them.
 
-  Call after `strategy_lib.connect` on the same cluster (which waits for it):
-  both strategies then share this process's one connection to the cluster.
+  `min_shard_bytes`: a `MinSizePartitioner` with at most one shard per ps,
+  or None for none. Call after `strategy_lib.connect` on the same cluster
+  (which waits for it): the strategies then share this process's one
+  connection to the cluster.
   """
   cluster = cluster.for_coordinator()
   num_ps = cluster.num_tasks(spec_lib.JobType.PS)
   resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
       tf.train.ClusterSpec(cluster.as_dict()), rpc_layer="grpc")
+  partitioner = None
+  if min_shard_bytes:
+    partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
+        min_shard_bytes=min_shard_bytes, max_shards=num_ps)
   strategy = tf.distribute.experimental.ParameterServerStrategy(
-      resolver, variable_partitioner=tf.distribute.experimental.partitioners.MinSizePartitioner(
-          min_shard_bytes=TUTORIAL_MIN_SHARD_BYTES, max_shards=num_ps))
+      resolver, variable_partitioner=partitioner)
   coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
   return strategy_lib.PSRuntime(strategy=strategy, coordinator=coordinator, cluster=cluster,
-                                partitioned=True)
+                                partitioned=partitioner is not None)
 
 
 class _Quiet(io.TextIOBase):
@@ -144,7 +154,7 @@ class SingleProcess:
     whole = tf.distribute.InputContext()
     dataset = ctr.train_dataset_fn(config, seed, batch_size, parts.global_step)(whole)
     self._trainer = _LossMetric(
-        ctr.CtrTrainer(parts.model, parts.optimizer, parts.global_step, dataset), dataset)
+        ctr.CtrTrainer(parts.model, parts.optimizer, dataset), dataset)
     self._evaluator = ctr.CtrEvaluator(
         parts.model, ctr.eval_dataset_fn(config, seed, batch_size)(whole))
     self._controller = _controller(self._trainer, self.global_step, steps_per_loop)
