@@ -191,7 +191,7 @@ def test_two_workers_killed_together_are_both_readmitted(run):
 def test_a_worker_failing_repeatedly_is_readmitted_each_time(run):
   worker = run.cluster.worker(0)
   restores = len(run.restores)
-  for _ in range(3):
+  for _ in range(2):
     step = run.step
     worker.kill(signal.SIGKILL)
     worker.wait(timeout=10)
