@@ -60,10 +60,19 @@ def usage_error_in(error: BaseException) -> errors.UsageError | None:
   return None
 
 
-def add(sums: dict[str, tf.Tensor], logs: Mapping[str, Any] | None) -> dict[str, tf.Tensor]:
-  """`sums` plus one more step's logs (the same keys every step)."""
+def add(sums: dict[str, tf.Tensor], logs: Mapping[str, Any] | None,
+        what: str) -> dict[str, tf.Tensor]:
+  """`sums` plus one more step's logs, which must have the first step's keys.
+
+  `what` names the trainer in errors (raised while the closure is traced).
+  """
   if not sums:
     return sums
+  keys = sorted(logs) if isinstance(logs, (dict, Mapping)) else None
+  if keys != sorted(sums):
+    raise errors.UsageError(
+        f"{what}.train_step returned logs with keys {keys} after {sorted(sums)}; "
+        f"every step must return the same keys")
   return {key: total + tf.cast(logs[key], _SUM_DTYPE) for key, total in sums.items()}
 
 

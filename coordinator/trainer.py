@@ -163,9 +163,9 @@ class PSTrainer(orbit.StandardTrainer):
       rest = num_steps - 1
       for _ in tf.range(rest // unroll):  # A tf.while_loop on the worker.
         for _ in range(unroll):  # Python: `unroll` steps in one iteration.
-          sums = step_logs.add(sums, train_step(iterator))
+          sums = step_logs.add(sums, train_step(iterator), what)
       for _ in tf.range(rest % unroll):
-        sums = step_logs.add(sums, train_step(iterator))
+        sums = step_logs.add(sums, train_step(iterator), what)
       return sums
 
     def loop_fn(iterator, num_steps):

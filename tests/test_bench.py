@@ -2,8 +2,11 @@
 
 import json
 
+from absl.testing import flagsaver
 import pytest
 
+from tfps import bench_command
+from tfps import cli
 from tfps.bench import config as config_lib
 from tfps.bench import report
 
@@ -39,6 +42,18 @@ def test_config_errors_name_field_and_value():
     config_lib.BenchConfig(sizes=("huge",))
   config = config_lib.BenchConfig(variants=("tfps",), sizes=("tiny",))
   assert config_lib.BenchConfig.from_json(config.to_json()) == config
+
+
+@pytest.mark.parametrize("args, window, warmup", [
+    ([], 500, 200),
+    (["--quick"], 200, 40),
+    (["--quick", "--window_steps=30"], 30, 40),  # An explicit window flag wins.
+])
+def test_quick_shortens_only_the_windows_not_given(args, window, warmup):
+  with flagsaver.flagsaver():
+    cli.FLAGS(["tfps", *args])  # The command line's flags, as `tfps bench` parses them.
+    config = bench_command.bench_config(cli.FLAGS)
+  assert (config.window_steps, config.warmup_steps) == (window, warmup)
 
 
 @pytest.mark.parametrize("args, expected", [

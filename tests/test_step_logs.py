@@ -20,12 +20,12 @@ def test_sums_in_a_while_loop_are_exact():
   def run(n):
     sums = step_logs.start({"x": tf.constant(1.0), "i": tf.constant(1)}, "T")
     for k in tf.range(2, n + 1):
-      sums = step_logs.add(sums, {"x": tf.cast(k, tf.float32), "i": k})
+      sums = step_logs.add(sums, {"x": tf.cast(k, tf.float32), "i": k}, "T")
     return sums
 
   sums = {key: float(value) for key, value in run(tf.constant(100)).items()}
   assert sums == {"x": 5050.0, "i": 5050.0}
-  assert step_logs.start(None, "T") == {} and step_logs.add({}, None) == {}
+  assert step_logs.start(None, "T") == {} and step_logs.add({}, None, "T") == {}
 
 
 @pytest.mark.parametrize("logs,message", [
@@ -39,6 +39,14 @@ def test_logs_that_are_not_numeric_scalars_are_usage_errors(logs, message):
   with pytest.raises(errors.UsageError) as e:
     step_logs.start(logs, "T")
   assert str(e.value).startswith(message)
+
+
+@pytest.mark.parametrize("later", [{"loss": 1.0, "extra": 2.0}, {}, None])
+def test_later_steps_must_return_the_first_steps_keys(later):
+  sums = step_logs.start({"loss": tf.constant(1.0)}, "T")
+  with pytest.raises(errors.UsageError, match=r"^T\.train_step returned logs with keys .* "
+                     r"after \['loss'\]; every step must return the same keys$"):
+    step_logs.add(sums, later, "T")
 
 
 def test_a_usage_error_raised_while_tracing_is_found_under_autograph():
