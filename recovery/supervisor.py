@@ -114,6 +114,7 @@ class Supervisor:
                probe_workers: Callable[[], set] | None = None,
                exit_report: Callable[[], exit_report_lib.ExitReport | None] = lambda: None,
                trained: Callable[[], bool] = lambda: False,
+               on_poll: Callable[[], None] = lambda: None,
                clock: Callable[[], float] = time.monotonic):
     """Args:
       start_coordinator: starts the coordinator process, given the attempt
@@ -133,6 +134,8 @@ class Supervisor:
         a burst of real faults (several ps preempted in a minute) is
         recovered from, while a coordinator that dies before it trains
         still stops after `max_restarts`.
+      on_poll: called every poll while a coordinator runs (the chief
+        prepares the next coordinator there, `recovery.standby`).
     """
     self._config = config
     self._start = start_coordinator
@@ -143,6 +146,7 @@ class Supervisor:
     self._probe_workers = probe_workers
     self._exit_report = exit_report
     self._trained = trained
+    self._on_poll = on_poll
     self._progress_at = float("-inf")  # When a coordinator last made progress.
     self._clock = clock
     self.excluded: set = set()
@@ -210,6 +214,8 @@ class Supervisor:
         return process.wait(timeout=_POLL_SECONDS), change
       except subprocess.TimeoutExpired:
         pass
+      if stop_deadline is None:
+        self._on_poll()
       now = self._clock()
       if stop_deadline is None and self._stop.requested:
         logging.warning("passing %s to the coordinator (pid %d); it saves, then exits",

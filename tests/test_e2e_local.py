@@ -240,11 +240,13 @@ def _check_nothing_left(run: LocalRun, model_dir: str) -> None:
 
 def test_local_leaves_no_process_and_no_socket(first_run, model_dir):
   assert first_run.code == 0, first_run.stderr[-3000:]
-  # The scan saw every task, the chief's supervisor and its coordinator live.
+  # The scan saw every task, the chief's supervisor and its coordinator live
+  # (and the coordinator's warm standby, if it caught one: same command line).
   roles = sorted(re.search(r"--job_name=(\w+)", c)[1] + (
       "+coordinator" if "--nosupervise" in c else "")
       for c in first_run.pids.values() if " run " in c and "--job_name=" in c)
-  assert roles == ["chief", "chief+coordinator", "ps", "worker", "worker"], first_run.pids
+  assert 1 <= roles.count("chief+coordinator") <= 2, first_run.pids
+  assert [r for r in roles if r != "chief+coordinator"] == ["chief", "ps", "worker", "worker"]
   assert first_run.namespaces or "NOT ISOLATED" in first_run.stderr
   _check_nothing_left(first_run, model_dir)
 

@@ -95,6 +95,8 @@ def test_ps_killed_and_restarted_restores_the_last_checkpoint(run):
   assert 0 <= lost <= cluster_helpers.MAX_STEPS_LOST, (step, restored)
   # A checkpoint that was completely written, not a guess.
   assert f"ckpt-{restored.step} at step {restored.step}" in run.log()
+  # The new coordinator was the warm standby, started while the old one trained.
+  assert ", warm standby)" in run.log()
   actions = [e.action for e in run.events() if e.kind == "action"]
   assert policy.Action.WAIT_AND_RESTART.value in actions
   if lost:

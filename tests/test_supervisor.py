@@ -58,12 +58,12 @@ class Harness:
       raise errors.RetryableError(f"tasks still unreachable after {seconds:.1f}s: ps:0")
 
 
-def run(harness, tmp_path, stop=None, trained=lambda: False, **config):
+def run(harness, tmp_path, stop=None, trained=lambda: False, on_poll=lambda: None, **config):
   log = events.EventLog(str(tmp_path))
   result = supervisor.Supervisor(
       supervisor.SupervisorConfig(**config), start_coordinator=harness.start,
       wait_for_cluster=harness.wait_for_cluster, event_log=log,
-      stop=stop or signals.StopSignals(), trained=trained).run()
+      stop=stop or signals.StopSignals(), trained=trained, on_poll=on_poll).run()
   for process in harness.started:
     assert process.poll() is not None
     process.stdout.close()
@@ -164,6 +164,21 @@ def test_sigterm_is_passed_on_and_not_restarted(tmp_path):
   assert result.exit_code == errors.ExitCode.PREEMPTED
   assert harness.started[0].returncode == 143
   assert len(harness.started) == 1 and log == []
+
+
+def test_on_poll_runs_while_the_coordinator_runs_and_not_once_it_is_stopping(tmp_path):
+  harness = Harness(["wait", 0])
+  stop = signals.StopSignals()
+  polls = []
+
+  def on_poll():  # Where the chief prepares its warm standby.
+    polls.append(stop.requested)
+    if len(polls) == 3:
+      stop._handle(signal.SIGTERM, None)
+
+  result, _ = run(harness, tmp_path, stop=stop, on_poll=on_poll)
+  assert result.exit_code == errors.ExitCode.PREEMPTED
+  assert polls == [False, False, False]  # None after the stop was passed on.
 
 
 def test_worker_gone_then_back_restarts_the_coordinator_without_then_with_it(tmp_path):

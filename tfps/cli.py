@@ -58,6 +58,9 @@ flags.DEFINE_float("ps_timeout", 60.0,
                    "chief: seconds a ps may not answer (a network partition hangs TF rather "
                    "than failing it) before the coordinator counts it lost, exits 170 and "
                    "is restarted from the latest checkpoint (0: no deadline).")
+flags.DEFINE_bool("warm_standby", True,
+                  "chief: once training runs, keep the next coordinator process started and "
+                  "imported (~0.7 GB), so a restart skips TensorFlow's import.")
 flags.DEFINE_list("exclude_workers", [],
                   "chief, internal: workers the supervisor left out (e.g. worker:1).")
 flags.DEFINE_float("ready_timeout", 180.0, "Seconds the chief waits for every task to answer.")

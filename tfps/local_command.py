@@ -31,7 +31,7 @@ CHIEF_FLAGS = ("experiment", "train_steps", "steps_per_loop", "steps_per_closure
                "global_batch_size", "seed", "ready_timeout", "max_restarts", "restart_window",
                "cluster_wait_seconds", "grace_seconds", "worker_timeout", "ps_timeout",
                "eval_interval",
-               "eval_shards", "min_shard_bytes")
+               "eval_shards", "min_shard_bytes", "warm_standby")
 
 
 def chief_flags(flags, model_dir: str) -> list[str]:

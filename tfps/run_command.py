@@ -1,5 +1,6 @@
 """`tfps run`: resolve this task's role, then serve (ps/worker) or coordinate (chief)."""
 
+import importlib
 import json
 import os
 import subprocess
@@ -9,7 +10,6 @@ import traceback
 
 from absl import logging
 
-from cluster import processes
 from cluster import readiness
 from cluster import spec as spec_lib
 from coordinator import api
@@ -20,6 +20,7 @@ from recovery import exit_report
 from recovery import interrupts
 from recovery import policy
 from recovery import progress
+from recovery import standby
 from recovery import supervisor
 from recovery import worker_watch
 
@@ -64,6 +65,12 @@ def run(flags) -> errors.ExitCode:
           "run the chief with --mode=train_and_eval instead")
     if flags.supervise:
       return _supervise_chief(config, flags, stop)
+    if os.environ.get(standby.ENV_VAR):
+      go = _stand_by(stop)
+      if go is None:  # Not needed after all: leave as quietly as we came.
+        stderr_filter.close()
+        os._exit(0)
+      flags.exclude_workers = list(go.exclude_workers)
     code = _coordinate(config, flags, stop)
     sys.stdout.flush()
     stderr_filter.close()
@@ -73,6 +80,13 @@ def run(flags) -> errors.ExitCode:
     os._exit(int(code))
   finally:
     stderr_filter.close()
+
+
+def _stand_by(stop) -> standby.Go | None:
+  """A warm standby: imports what a coordinator needs, then waits for its turn."""
+  importlib.import_module("coordinator.chief")  # TensorFlow, tf_keras, Orbit: seconds.
+  logging.info("warm standby coordinator ready (pid %d)", os.getpid())
+  return standby.wait_for_go(stop, sys.stdin)
 
 
 def _coordinate(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCode:
@@ -142,24 +156,33 @@ def _supervise_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCod
              if t.job != spec_lib.JobType.CHIEF]
   event_log = events.EventLog(model_dir)
   with tempfile.TemporaryDirectory(prefix="tfps-chief-") as scratch:
-    stdout_path = os.path.join(scratch, "coordinator.stdout")
     report_path = os.path.join(scratch, "coordinator.exit.json")
+    coordinators = standby.WarmCoordinators(
+        [sys.executable, "-m", "tfps", *sys.argv[1:], "--nosupervise"],
+        env={**os.environ, exit_report.ENV_VAR: report_path}, stdout_dir=scratch,
+        warm=flags.warm_standby)
 
     progress_log = progress.ProgressLog(model_dir)
+    current = {"trained": False}  # Whether the running coordinator ended a loop.
 
     def trained() -> bool:
-      """A loop ended since the last call (i.e. since the coordinator started)."""
-      return any(not record.restored for record in progress_log.read_new())
+      """Whether the current coordinator ended a train loop since it started."""
+      if not current["trained"]:
+        current["trained"] = any(not record.restored for record in progress_log.read_new())
+      return current["trained"]
 
     def start_coordinator(attempt: int, excluded: frozenset) -> subprocess.Popen:
       progress_log.read_new()  # Count only what this coordinator does.
-      argv = [sys.executable, "-m", "tfps", *sys.argv[1:], "--nosupervise",
-              f"--exclude_workers={','.join(sorted(map(str, excluded)))}"]
-      logging.info("starting coordinator (attempt %d)%s", attempt + 1,
+      current["trained"] = False
+      process, warm = coordinators.start([str(t) for t in excluded])
+      logging.info("starting coordinator (attempt %d%s)%s", attempt + 1,
+                   ", warm standby" if warm else "",
                    f" without {', '.join(sorted(map(str, excluded)))}" if excluded else "")
-      with open(stdout_path, "w", encoding="utf-8") as out:
-        return processes.spawn(argv, stdout=out,
-                               env={**os.environ, exit_report.ENV_VAR: report_path})
+      return process
+
+    def prepare_next() -> None:
+      if trained():  # Only once this one trains: never slow down a start.
+        coordinators.prepare()
 
     def wait_for_cluster(seconds: float) -> None:
       # Left-out workers are not waited for: the watch takes them back.
@@ -177,11 +200,15 @@ def _supervise_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCod
         watch=worker_watch.WorkerWatch(workers, watch_config, anchors=[
                 t for t in servers if t.job == spec_lib.JobType.PS]),
         probe_workers=lambda: readiness.reachable(config.cluster, servers, _PROBE_SECONDS),
-        exit_report=lambda: exit_report.take(report_path), trained=trained)
-    result = sup.run()
+        exit_report=lambda: exit_report.take(report_path), trained=trained,
+        on_poll=prepare_next)
+    try:
+      result = sup.run()
+    finally:
+      coordinators.close()
     if result.exit_code != errors.ExitCode.OK:
       return result.exit_code
-    with open(stdout_path, encoding="utf-8") as f:
+    with open(coordinators.stdout_path, encoding="utf-8") as f:
       lines = [line for line in f if line.startswith("{")]
   if not lines:
     raise errors.PermanentError("the coordinator exited 0 without its JSON result line")

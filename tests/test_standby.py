@@ -1,0 +1,91 @@
+"""The warm standby coordinator's plumbing, with real processes (no TF)."""
+
+import json
+import os
+import sys
+import textwrap
+
+from recovery import signals
+from recovery import standby
+
+# Stands in for `tfps run --nosupervise`: says which workers it would leave out.
+_COORDINATOR = textwrap.dedent("""
+    import json, os, sys
+    from recovery import signals, standby
+    excluded = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--exclude_workers=")]
+    if os.environ.get(standby.ENV_VAR):
+      go = standby.wait_for_go(signals.StopSignals.install(), sys.stdin)
+      if go is None:
+        sys.exit(0)
+      excluded = [",".join(go.exclude_workers)]
+    print(json.dumps({"excluded": excluded[0], "warm": bool(os.environ.get(standby.ENV_VAR))}))
+""")
+
+
+def _coordinators(tmp_path, warm=True):
+  return standby.WarmCoordinators([sys.executable, "-c", _COORDINATOR], env=dict(os.environ),
+                                  stdout_dir=str(tmp_path), warm=warm)
+
+
+def _said(coordinators):
+  with open(coordinators.stdout_path) as f:
+    return json.loads(f.read())
+
+
+def test_a_restart_takes_the_standby_and_tells_it_whom_to_leave_out(tmp_path):
+  coordinators = _coordinators(tmp_path)
+  first, warm = coordinators.start([])
+  assert not warm and first.wait(timeout=30) == 0
+  assert _said(coordinators) == {"excluded": "", "warm": False}
+  coordinators.prepare()
+  coordinators.prepare()  # One standby at a time.
+  second, warm = coordinators.start(["worker:1", "worker:0"])
+  assert warm and second.wait(timeout=30) == 0
+  assert _said(coordinators) == {"excluded": "worker:0,worker:1", "warm": True}
+  assert len(os.listdir(tmp_path)) == 2  # Each process has its own stdout file.
+
+
+def test_without_warm_standbys_every_start_is_cold(tmp_path):
+  coordinators = _coordinators(tmp_path, warm=False)
+  coordinators.prepare()
+  process, warm = coordinators.start(["worker:1"])
+  assert not warm and process.wait(timeout=30) == 0
+  assert _said(coordinators) == {"excluded": "worker:1", "warm": False}
+
+
+def test_close_ends_an_unused_standby(tmp_path):
+  coordinators = _coordinators(tmp_path)
+  coordinators.prepare()
+  (process, stdout_path), = [coordinators._standby]
+  coordinators.close()
+  assert process.poll() is not None  # Ended (end of its stdin, or the signal after it)...
+  with open(stdout_path) as f:
+    assert f.read() == ""  # ...having done nothing.
+  coordinators.close()  # Nothing left to end.
+
+
+def test_a_dead_standby_is_replaced_by_a_cold_start(tmp_path):
+  coordinators = _coordinators(tmp_path)
+  coordinators.prepare()
+  coordinators._standby[0].kill()
+  coordinators._standby[0].wait(timeout=10)
+  process, warm = coordinators.start(["worker:1"])
+  assert not warm and process.wait(timeout=30) == 0
+  assert _said(coordinators) == {"excluded": "worker:1", "warm": False}
+
+
+def test_wait_for_go_ends_on_end_of_file_or_a_stop_signal():
+  r, w = os.pipe()
+  os.close(w)
+  with os.fdopen(r) as stdin:
+    assert standby.wait_for_go(signals.StopSignals(), stdin) is None
+  stop = signals.StopSignals()
+  stop._handle(15, None)
+  r, w = os.pipe()
+  with os.fdopen(r) as stdin, os.fdopen(w, "w"):
+    assert standby.wait_for_go(stop, stdin) is None
+  r, w = os.pipe()
+  with os.fdopen(r) as stdin:
+    with os.fdopen(w, "w") as out:
+      out.write('{"exclude_workers": ["worker:2"]}\n')
+    assert standby.wait_for_go(signals.StopSignals(), stdin) == standby.Go(("worker:2",))
