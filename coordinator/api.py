@@ -123,9 +123,7 @@ class ChiefConfig:
           f"cluster ({type(self.cluster).__name__}) must be a cluster.spec.ClusterSpec")
     if not isinstance(self.model_dir, str) or not self.model_dir.strip():
       raise errors.UsageError(f"model_dir ({self.model_dir!r}) must be a directory path")
-    if not isinstance(self.experiment, str) or not self.experiment.strip():
-      raise errors.UsageError(f"experiment ({self.experiment!r}) must be a name")
-    experiment_target(self.experiment)
+    experiment_target(self.experiment)  # A UsageError naming it, if it is not one.
     try:
       object.__setattr__(self, "mode", Mode(self.mode))
     except ValueError:

@@ -23,7 +23,7 @@ import os
 import sys
 import threading
 import time
-from typing import Callable, Iterable
+from typing import Callable
 
 from absl import logging
 
@@ -31,31 +31,12 @@ from cluster import readiness
 from cluster import spec as spec_lib
 from recovery import errors
 from recovery import exit_report
+from recovery import overdue as overdue_lib
 from recovery import policy
 
 # One probe round waits this long per task (in parallel); rounds repeat at
 # `interval`. A busy but live ps answers a channel handshake well within it.
 _PROBE_SECONDS = 2.0
-
-
-class Overdue:
-  """Which tasks have not answered for `timeout` seconds in a row (pure)."""
-
-  def __init__(self, tasks: Iterable[spec_lib.TaskId], timeout: float):
-    if timeout <= 0:
-      raise errors.UsageError(f"ps_timeout ({timeout}) must be positive")
-    self.timeout = timeout
-    self._tasks = tuple(sorted(tasks))
-    self._silent_since: dict[spec_lib.TaskId, float] = {}
-
-  def update(self, reachable: set[spec_lib.TaskId], now: float) -> list[spec_lib.TaskId]:
-    for task in self._tasks:
-      if task in reachable:
-        self._silent_since.pop(task, None)
-      else:
-        self._silent_since.setdefault(task, now)
-    return [t for t, since in sorted(self._silent_since.items())
-            if now - since >= self.timeout]
 
 
 def _exit_lost(message: str) -> None:
@@ -84,7 +65,7 @@ class PsDeadline:
     self._cluster = cluster
     self._ps = [t for t in cluster.tasks() if t.job == spec_lib.JobType.PS]
     self._workers = [t for t in cluster.tasks() if t.job == spec_lib.JobType.WORKER]
-    self._overdue = Overdue(self._ps, timeout)
+    self._overdue = overdue_lib.Overdue(self._ps, timeout)
     self._interval = interval
     self._probe = probe or (lambda tasks: readiness.reachable(cluster, tasks, _PROBE_SECONDS))
     self._on_overdue = on_overdue

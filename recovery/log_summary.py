@@ -211,6 +211,8 @@ class StderrFilter:
     self._summarizer = summarizer
     self._clock = clock
     self._real_stderr = os.dup(2)
+    # For writers that must not depend on our thread (faulthandler's dumps).
+    self.real_stderr = os.fdopen(self._real_stderr, "w", closefd=False)
     read_fd, write_fd = os.pipe()
     os.dup2(write_fd, 2)
     os.close(write_fd)

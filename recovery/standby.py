@@ -75,6 +75,11 @@ class WarmCoordinators:
     self._standby: tuple[subprocess.Popen, str] | None = None
     self.stdout_path: str | None = None
 
+  @property
+  def standby(self) -> tuple[subprocess.Popen, str] | None:
+    """The prepared standby (its process and stdout file), if there is one."""
+    return self._standby
+
   def _new(self, argv: Sequence[str], env: dict, stdin) -> tuple[subprocess.Popen, str]:
     self._count += 1
     path = os.path.join(self._stdout_dir, f"coordinator-{self._count}.stdout")

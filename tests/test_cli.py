@@ -108,3 +108,33 @@ def test_chief_flags_are_checked_without_tensorflow():
   result = subprocess.run(TFPS[:1] + ["-c", code], capture_output=True, text=True, timeout=60)
   assert result.returncode == 0, result.stderr
   assert result.stdout.strip() == "[]"
+
+
+def _catches(pid: int, signum: int) -> bool:
+  """Whether `pid` has a handler installed for `signum` (/proc SigCgt)."""
+  with open(f"/proc/{pid}/status") as f:
+    caught = next(int(l.split()[1], 16) for l in f if l.startswith("SigCgt:"))
+  return bool(caught >> (signum - 1) & 1)
+
+
+def test_a_coordinator_writes_its_thread_stacks_to_its_log_on_sigusr1(tmp_path):
+  # What the supervisor asks of a coordinator that missed its ps deadline
+  # before it kills it (recovery.supervisor). This one waits for a cluster
+  # that is not there.
+  import signal
+  from cluster import processes
+  stderr_path = tmp_path / "coordinator.stderr"
+  with open(stderr_path, "w") as err:
+    process = processes.spawn(
+        [*TFPS, "run", "--nosupervise", f"--model_dir={tmp_path}", "--ready_timeout=60"],
+        env={**os.environ, **_chief_env()}, stderr=err)
+  try:
+    processes.wait_until(lambda: _catches(process.pid, signal.SIGUSR1), timeout=30,
+                         what="tfps run to install its SIGUSR1 handler")
+    process.send_signal(signal.SIGUSR1)
+    processes.wait_until(lambda: "most recent call first" in stderr_path.read_text(),
+                         timeout=10, what="the thread stacks on its stderr")
+    assert process.poll() is None  # Asked, not ended: the supervisor kills it after.
+  finally:
+    processes.stop_group(process, grace=1)
+  assert 'File "' in stderr_path.read_text()

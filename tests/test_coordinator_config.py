@@ -43,7 +43,7 @@ def test_config_rejects_non_positive_integers(tmp_path, field, value):
     ({"ps_timeout": 0}, "ps_timeout (0) must be positive seconds"),
     ({"ps_timeout": "10"}, "ps_timeout ('10') must be positive seconds"),
     ({"model_dir": ""}, "model_dir ('') must be a directory path"),
-    ({"experiment": " "}, "experiment (' ') must be a name"),
+    ({"experiment": " "}, "experiment (' ') must be a name or package.module:factory"),
     ({"cluster": {"ps": ["h:1"]}}, "cluster (dict) must be a cluster.spec.ClusterSpec"),
     ({"experiment_params": {"a": 1}}, "experiment_params ({'a': 1}) must map strings to strings"),
 ])

@@ -65,6 +65,15 @@ def _cmdline(pid: str) -> str:
     return ""
 
 
+def _is_standby(pid: int) -> bool:
+  """Whether `pid` is a warm standby coordinator (recovery.standby sets this)."""
+  try:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+      return b"TFPS_STANDBY=1" in f.read().split(b"\0")
+  except OSError:
+    return False
+
+
 def _alive(pid: int) -> bool:
   try:
     with open(f"/proc/{pid}/stat") as f:
@@ -162,7 +171,7 @@ def _run_local(model_dir: str, flags, *, timeout: float = RUN_TIMEOUT) -> LocalR
       if time.monotonic() - start > timeout:
         raise TimeoutError(f"tfps local still running after {timeout}s; see {err_path}")
       for pid in _pids_mentioning(model_dir) - set(pids):
-        pids[pid] = _cmdline(str(pid))
+        pids[pid] = _cmdline(str(pid)) + (" [standby]" if _is_standby(pid) else "")
         namespaces.add(_netns(pid))
       listening |= _listening_ports_anywhere(others)
       time.sleep(0.2)
@@ -241,12 +250,13 @@ def _check_nothing_left(run: LocalRun, model_dir: str) -> None:
 def test_local_leaves_no_process_and_no_socket(first_run, model_dir):
   assert first_run.code == 0, first_run.stderr[-3000:]
   # The scan saw every task, the chief's supervisor and its coordinator live
-  # (and the coordinator's warm standby, if it caught one: same command line).
+  # (and the coordinator's warm standby, if it caught one).
   roles = sorted(re.search(r"--job_name=(\w+)", c)[1] + (
-      "+coordinator" if "--nosupervise" in c else "")
+      "+coordinator" if "--nosupervise" in c else "") + (" standby" if "[standby]" in c else "")
       for c in first_run.pids.values() if " run " in c and "--job_name=" in c)
-  assert 1 <= roles.count("chief+coordinator") <= 2, first_run.pids
-  assert [r for r in roles if r != "chief+coordinator"] == ["chief", "ps", "worker", "worker"]
+  assert roles.count("chief+coordinator standby") <= 1, first_run.pids
+  assert [r for r in roles if r != "chief+coordinator standby"] == [
+      "chief", "chief+coordinator", "ps", "worker", "worker"], first_run.pids
   assert first_run.namespaces or "NOT ISOLATED" in first_run.stderr
   _check_nothing_left(first_run, model_dir)
 

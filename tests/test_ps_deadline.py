@@ -7,6 +7,7 @@ import pytest
 from cluster import spec as spec_lib
 from coordinator import ps_deadline
 from recovery import errors
+from recovery import overdue as overdue_lib
 
 CLUSTER = spec_lib.ClusterSpec.from_dict({
     "chief": ["10.213.0.2:2222"], "ps": ["10.213.0.3:2222", "10.213.0.4:2222"],
@@ -16,7 +17,7 @@ W0 = spec_lib.TaskId(spec_lib.JobType.WORKER, 0)
 
 
 def test_overdue_only_after_timeout_seconds_of_silence_in_a_row():
-  overdue = ps_deadline.Overdue([PS0, PS1], timeout=10)
+  overdue = overdue_lib.Overdue([PS0, PS1], timeout=10)
   assert overdue.update({PS0, PS1}, now=0) == []
   assert overdue.update({PS1}, now=1) == []
   assert overdue.update({PS1}, now=10.9) == []
@@ -29,7 +30,7 @@ def test_overdue_only_after_timeout_seconds_of_silence_in_a_row():
 
 def test_timeout_must_be_positive():
   with pytest.raises(errors.UsageError, match=r"ps_timeout \(0\) must be positive"):
-    ps_deadline.Overdue([PS0], timeout=0)
+    overdue_lib.Overdue([PS0], timeout=0)
 
 
 class FakeClock:

@@ -38,7 +38,9 @@ def test_a_restart_takes_the_standby_and_tells_it_whom_to_leave_out(tmp_path):
   assert not warm and first.wait(timeout=30) == 0
   assert _said(coordinators) == {"excluded": "", "warm": False}
   coordinators.prepare()
-  coordinators.prepare()  # One standby at a time.
+  prepared = coordinators.standby
+  coordinators.prepare()
+  assert coordinators.standby is prepared  # One standby at a time.
   second, warm = coordinators.start(["worker:1", "worker:0"])
   assert warm and second.wait(timeout=30) == 0
   assert _said(coordinators) == {"excluded": "worker:0,worker:1", "warm": True}
@@ -56,8 +58,9 @@ def test_without_warm_standbys_every_start_is_cold(tmp_path):
 def test_close_ends_an_unused_standby(tmp_path):
   coordinators = _coordinators(tmp_path)
   coordinators.prepare()
-  (process, stdout_path), = [coordinators._standby]
+  process, stdout_path = coordinators.standby
   coordinators.close()
+  assert coordinators.standby is None
   assert process.poll() is not None  # Ended (end of its stdin, or the signal after it)...
   with open(stdout_path) as f:
     assert f.read() == ""  # ...having done nothing.
@@ -67,8 +70,9 @@ def test_close_ends_an_unused_standby(tmp_path):
 def test_a_dead_standby_is_replaced_by_a_cold_start(tmp_path):
   coordinators = _coordinators(tmp_path)
   coordinators.prepare()
-  coordinators._standby[0].kill()
-  coordinators._standby[0].wait(timeout=10)
+  standby_process, _ = coordinators.standby
+  standby_process.kill()
+  standby_process.wait(timeout=10)
   process, warm = coordinators.start(["worker:1"])
   assert not warm and process.wait(timeout=30) == 0
   assert _said(coordinators) == {"excluded": "worker:1", "warm": False}

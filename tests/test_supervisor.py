@@ -173,12 +173,89 @@ def test_on_poll_runs_while_the_coordinator_runs_and_not_once_it_is_stopping(tmp
 
   def on_poll():  # Where the chief prepares its warm standby.
     polls.append(stop.requested)
-    if len(polls) == 3:
-      stop._handle(signal.SIGTERM, None)
 
+  # The stop arrives between two polls, as a signal would.
+  threading.Timer(1.2, stop._handle, args=(signal.SIGTERM, None)).start()
   result, _ = run(harness, tmp_path, stop=stop, on_poll=on_poll)
   assert result.exit_code == errors.ExitCode.PREEMPTED
-  assert polls == [False, False, False]  # None after the stop was passed on.
+  assert polls and not any(polls)  # None once the stop was there to pass on.
+
+
+# A coordinator stuck past its ps deadline: it ignores SIGTERM, writes its
+# stacks on SIGUSR1 as `tfps run` does, and never exits by itself.
+STUCK = """
+import faulthandler, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+print("ready", flush=True)
+def waiting_on_the_network():
+  time.sleep(60)
+waiting_on_the_network()
+"""
+
+
+def test_a_coordinator_past_the_ps_deadline_is_killed_after_its_stacks_as_a_ps_loss(tmp_path):
+  from cluster import spec as spec_lib
+  ps0 = spec_lib.TaskId(spec_lib.JobType.PS, 0)
+  harness = Harness([None, 0])
+  stderr_path = tmp_path / "stuck.stderr"
+
+  def start(attempt, excluded):
+    if attempt > 0:
+      return harness.start(attempt)
+    with open(stderr_path, "w") as err:
+      process = subprocess.Popen([sys.executable, "-c", STUCK], stdout=subprocess.PIPE,
+                                 stderr=err, text=True)
+    assert process.stdout.readline().strip() == "ready"
+    harness.started.append(process)
+    return process
+
+  ticks = iter(range(10_000))
+  log = events.EventLog(str(tmp_path))
+  result = supervisor.Supervisor(
+      supervisor.SupervisorConfig(probe_seconds=1.0, ps_deadline_seconds=5.0),
+      start_coordinator=start, wait_for_cluster=harness.wait_for_cluster, event_log=log,
+      stop=signals.StopSignals(), probe_servers=set,  # ps:0 never answers the first one.
+      ps_addresses={ps0: "10.0.0.3:2222"}, clock=lambda: float(next(ticks))).run()
+  assert result == supervisor.SupervisorResult(errors.ExitCode.OK, 1, "finished")
+  assert harness.started[0].returncode == -signal.SIGKILL
+  assert "in waiting_on_the_network" in stderr_path.read_text()  # Its stacks, first.
+  failure, action, recovered = log.read()
+  assert failure.failure == Kind.PS_LOST.value and failure.task == "chief:0"
+  assert failure.detail.startswith(
+      "coordinator stopped by the supervisor: lost the cluster: ps:0 (10.0.0.3:2222) did not "
+      "answer for 5s (no ps and no worker answers: this chief is cut off from the cluster), and "
+      "the coordinator had not exited by itself"), failure.detail
+  assert action.action == policy.Action.WAIT_AND_RESTART.value
+  assert harness.cluster_waits == 1 and recovered.kind == "recovered"
+  harness.started[0].stdout.close()
+  harness.started[1].stdout.close()
+
+
+def test_a_ps_that_answers_again_in_time_is_not_a_loss(tmp_path):
+  from cluster import spec as spec_lib
+  ps0 = spec_lib.TaskId(spec_lib.JobType.PS, 0)
+  harness = Harness(["wait", 0])
+  answers = iter([set(), set(), {ps0}, set(), set(), {ps0}])  # Blips, never 5 s long.
+  stop = signals.StopSignals()
+
+  def probe():
+    reachable = next(answers, None)
+    if reachable is None:
+      stop._handle(signal.SIGTERM, None)  # Seen every answer: end the run.
+      return {ps0}
+    return reachable
+
+  ticks = iter(range(10_000))
+  log = events.EventLog(str(tmp_path))
+  result = supervisor.Supervisor(
+      supervisor.SupervisorConfig(probe_seconds=1.0, ps_deadline_seconds=5.0),
+      start_coordinator=harness.start, wait_for_cluster=harness.wait_for_cluster,
+      event_log=log, stop=stop, probe_servers=probe, ps_addresses={ps0: "10.0.0.3:2222"},
+      clock=lambda: float(next(ticks))).run()
+  assert result.exit_code == errors.ExitCode.PREEMPTED
+  assert harness.started[0].returncode == 143 and log.read() == []
+  harness.started[0].stdout.close()
 
 
 def test_worker_gone_then_back_restarts_the_coordinator_without_then_with_it(tmp_path):
@@ -203,7 +280,7 @@ def test_worker_gone_then_back_restarts_the_coordinator_without_then_with_it(tmp
       event_log=log, stop=signals.StopSignals(),
       watch=worker_watch.WorkerWatch([w0, w1], worker_watch.WorkerWatchConfig(
           timeout=3.0, readmit_after=2.0)),
-      probe_workers=lambda: set(up), clock=lambda: float(next(ticks)))
+      probe_servers=lambda: set(up), clock=lambda: float(next(ticks)))
   result = sup.run()
   assert result.exit_code == errors.ExitCode.OK
   assert exclusions == [set(), {w1}, set()]

@@ -57,7 +57,8 @@ flags.DEFINE_float("worker_timeout", 60.0,
 flags.DEFINE_float("ps_timeout", 60.0,
                    "chief: seconds a ps may not answer (a network partition hangs TF rather "
                    "than failing it) before the coordinator counts it lost, exits 170 and "
-                   "is restarted from the latest checkpoint (0: no deadline).")
+                   "is restarted from the latest checkpoint (0: no deadline). The supervisor "
+                   "holds it to the same deadline 8 s later, from outside.")
 flags.DEFINE_bool("warm_standby", True,
                   "chief: once training runs, keep the next coordinator process started and "
                   "imported (~0.7 GB), so a restart skips TensorFlow's import.")
@@ -75,7 +76,8 @@ flags.DEFINE_integer("steps_per_closure", 50, "Steps in one remote closure on a 
 flags.DEFINE_integer("checkpoint_interval", 500, "Save a checkpoint every this many steps.")
 flags.DEFINE_integer("max_to_keep", 3, "Checkpoints to keep.")
 flags.DEFINE_enum("mode", "train_and_eval", ["train", "train_and_eval", "eval"], "What to run.")
-flags.DEFINE_integer("eval_steps", None, "Eval batches per evaluation (default: the whole eval set).")
+flags.DEFINE_integer("eval_steps", None,
+                     "Eval batches per evaluation (default: the whole eval set).")
 flags.DEFINE_integer("global_batch_size", 512,
                      "Examples per training step (each step runs on one worker).")
 flags.DEFINE_list("experiment_params", [],

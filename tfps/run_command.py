@@ -1,8 +1,10 @@
 """`tfps run`: resolve this task's role, then serve (ps/worker) or coordinate (chief)."""
 
+import faulthandler
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -24,10 +26,16 @@ from recovery import standby
 from recovery import supervisor
 from recovery import worker_watch
 
-# One round of probing the workers for the worker watch.
-_PROBE_SECONDS = 1.0
 from recovery import log_summary
 from recovery import signals
+
+# One round of probing the ps and workers (worker watch, ps deadline).
+_PROBE_SECONDS = 1.0
+# The supervisor's ps deadline is the coordinator's (--ps_timeout) plus this:
+# the coordinator, which notices within --ps_timeout plus one of its probe
+# rounds (~3 s), always gets the first word; the supervisor (probing every
+# 2 s) acts only when it has not exited by then (see recovery.supervisor).
+_SUPERVISOR_PS_MARGIN_SECONDS = 8.0
 
 
 def task_config_from_flags(flags) -> spec_lib.TaskConfig:
@@ -65,6 +73,10 @@ def run(flags) -> errors.ExitCode:
           "run the chief with --mode=train_and_eval instead")
     if flags.supervise:
       return _supervise_chief(config, flags, stop)
+    # A coordinator the supervisor finds stuck is asked for its stacks first.
+    # Written by the signal handler in C, straight to the log: it works even
+    # while another thread holds the interpreter lock.
+    faulthandler.register(signal.SIGUSR1, file=stderr_filter.real_stderr, all_threads=True)
     if os.environ.get(standby.ENV_VAR):
       go = _stand_by(stop)
       if go is None:  # Not needed after all: leave as quietly as we came.
@@ -144,8 +156,28 @@ def supervision(flags) -> tuple[supervisor.SupervisorConfig, worker_watch.Worker
               policy=policy.RestartPolicy(max_restarts=flags.max_restarts,
                                           window_seconds=flags.restart_window),
               cluster_wait_seconds=flags.cluster_wait_seconds,
-              stop_grace_seconds=flags.grace_seconds),
+              stop_grace_seconds=flags.grace_seconds,
+              ps_deadline_seconds=(flags.ps_timeout + _SUPERVISOR_PS_MARGIN_SECONDS
+                                   if flags.ps_timeout > 0 else None)),
           worker_watch.WorkerWatchConfig(timeout=flags.worker_timeout))
+
+
+class _CoordinatorProgress:
+  """Whether the running coordinator has ended a train loop (from the progress log)."""
+
+  def __init__(self, model_dir: str):
+    self._log = progress.ProgressLog(model_dir)
+    self._trained = False
+
+  def restart(self) -> None:
+    """A new coordinator starts: only what it does from here on counts."""
+    self._log.read_new()
+    self._trained = False
+
+  def trained(self) -> bool:
+    if not self._trained:
+      self._trained = any(not record.restored for record in self._log.read_new())
+    return self._trained
 
 
 def _supervise_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCode:
@@ -162,18 +194,10 @@ def _supervise_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCod
         env={**os.environ, exit_report.ENV_VAR: report_path}, stdout_dir=scratch,
         warm=flags.warm_standby)
 
-    progress_log = progress.ProgressLog(model_dir)
-    current = {"trained": False}  # Whether the running coordinator ended a loop.
-
-    def trained() -> bool:
-      """Whether the current coordinator ended a train loop since it started."""
-      if not current["trained"]:
-        current["trained"] = any(not record.restored for record in progress_log.read_new())
-      return current["trained"]
+    current = _CoordinatorProgress(model_dir)
 
     def start_coordinator(attempt: int, excluded: frozenset) -> subprocess.Popen:
-      progress_log.read_new()  # Count only what this coordinator does.
-      current["trained"] = False
+      current.restart()
       process, warm = coordinators.start([str(t) for t in excluded])
       logging.info("starting coordinator (attempt %d%s)%s", attempt + 1,
                    ", warm standby" if warm else "",
@@ -181,7 +205,7 @@ def _supervise_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCod
       return process
 
     def prepare_next() -> None:
-      if trained():  # Only once this one trains: never slow down a start.
+      if current.trained():  # Only once this one trains: never slow down a start.
         coordinators.prepare()
 
     def wait_for_cluster(seconds: float) -> None:
@@ -190,6 +214,7 @@ def _supervise_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCod
           t for t in servers if t not in sup.excluded])
 
     workers = [t for t in servers if t.job == spec_lib.JobType.WORKER]
+    ps = [t for t in servers if t.job == spec_lib.JobType.PS]
 
     sup = supervisor.Supervisor(
         supervisor_config,
@@ -197,10 +222,10 @@ def _supervise_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCod
         event_log=event_log, stop=stop,
         # The ps are probed too: a chief that sees no ps is itself cut off,
         # and then no worker is to blame (see worker_watch).
-        watch=worker_watch.WorkerWatch(workers, watch_config, anchors=[
-                t for t in servers if t.job == spec_lib.JobType.PS]),
-        probe_workers=lambda: readiness.reachable(config.cluster, servers, _PROBE_SECONDS),
-        exit_report=lambda: exit_report.take(report_path), trained=trained,
+        watch=worker_watch.WorkerWatch(workers, watch_config, anchors=ps),
+        probe_servers=lambda: readiness.reachable(config.cluster, servers, _PROBE_SECONDS),
+        ps_addresses={t: config.cluster.address(t) for t in ps},
+        exit_report=lambda: exit_report.take(report_path), trained=current.trained,
         on_poll=prepare_next)
     try:
       result = sup.run()

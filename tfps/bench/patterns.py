@@ -153,8 +153,8 @@ class SingleProcess:
     self.global_step = parts.global_step
     whole = tf.distribute.InputContext()
     dataset = ctr.train_dataset_fn(config, seed, batch_size, parts.global_step)(whole)
-    self._trainer = _LossMetric(
-        ctr.CtrTrainer(parts.model, parts.optimizer, dataset), dataset)
+    trainer = ctr.CtrTrainer(parts.model, parts.optimizer, dataset)
+    self._trainer = _LossMetric(trainer, trainer.train_dataset)
     self._evaluator = ctr.CtrEvaluator(
         parts.model, ctr.eval_dataset_fn(config, seed, batch_size)(whole))
     self._controller = _controller(self._trainer, self.global_step, steps_per_loop)
