@@ -44,6 +44,7 @@ from coordinator import loop_guard
 from coordinator import messages
 from coordinator import progress
 from coordinator import ps_deadline
+from coordinator import ps_state
 from coordinator import strategy as strategy_lib
 from coordinator import trainer as trainer_lib
 from recovery import control
@@ -246,9 +247,11 @@ def _run_connected(config: ChiefConfig, interrupts: interrupts_lib.Interrupts, f
   manager = tf.train.CheckpointManager(
       checkpoint, config.model_dir, max_to_keep=config.max_to_keep,
       step_counter=global_step, checkpoint_interval=config.checkpoint_interval)
+  with _classified_errors("preparing the experiment"):
+    sentinels = ps_state.PsSentinels(runtime.cluster)
   guard = loop_guard.LoopGuard(interrupts=interrupts, manager=manager,
                                global_step=global_step, cluster=runtime.cluster,
-                               model_dir=config.model_dir)
+                               model_dir=config.model_dir, sentinels=sentinels)
   measured = None
   if trainer is not None:
     measured = progress.MeasuredTrainer(trainer, global_step, target=config.train_steps,

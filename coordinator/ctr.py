@@ -7,7 +7,11 @@ your own experiment (`factory` at the bottom is all the chief needs):
   tf_keras `Embedding` table (each feature its own rows); a table above the
   partitioner's size is a `ShardedVariable` split across the ps tasks;
 * dense features; an MLP over [embeddings, dense] with its weights in one
-  variable; binary cross-entropy; Adagrad with fused update kernels;
+  variable, on the same ps as the table; binary cross-entropy; Adagrad with
+  fused update kernels;
+* a train step that reads the rows it needs and the MLP's weights in one
+  transfer from their ps, and sends all their gradients back in one
+  (`coordinator.pull_push`);
 * an ordinary Orbit `StandardTrainer` and `StandardEvaluator` (AUC, loss),
   written as for one machine: the runtime makes them parameter-server aware.
 
@@ -35,6 +39,7 @@ import tensorflow as tf
 import tf_keras
 
 from coordinator import experiment as experiment_lib
+from coordinator import pull_push
 from recovery import errors
 
 _MASK32 = 0xFFFFFFFF
@@ -206,7 +211,10 @@ class PackedMLP(tf_keras.layers.Layer):
     return tf.concat(parts, axis=0)
 
   def call(self, x):
-    packed = tf.convert_to_tensor(self.packed)  # One read of every weight.
+    return self.apply_weights(x, tf.convert_to_tensor(self.packed))  # One read of every weight.
+
+  def apply_weights(self, x, packed: tf.Tensor):
+    """The MLP on `x` with the given value of `packed` (e.g. one pulled from its ps)."""
     offset = 0
     for i, (n_in, n_out) in enumerate(self._shapes):
       kernel = tf.reshape(packed[offset:offset + n_in * n_out], (n_in, n_out))
@@ -229,6 +237,10 @@ class CtrModel(tf_keras.Model):
   step does one lookup and one sparse update (per shard) and one dense read
   and update, whatever the number of features and layers: on parameter
   servers each of those is a remote operation, every step.
+
+  The MLP's variable is placed with the table (its first shard, if split),
+  so that a train step's `pull_push.pull` fetches both in one transfer.
+  `call` reads the variables the ordinary way (evaluation, serving).
   """
 
   def __init__(self, config: CtrConfig, seed: int):
@@ -243,19 +255,39 @@ class CtrModel(tf_keras.Model):
         sum(config.vocab_sizes), config.embedding_dim,
         embeddings_initializer=tf_keras.initializers.RandomUniform(-0.05, 0.05, seed=seed),
         name="embeddings")
-    self.mlp = PackedMLP(self._num_features * config.embedding_dim + config.num_dense,
-                         (*config.hidden, 1), seed=seed + 100, name="mlp")
+    self.embedding.build((None,))  # The table first: the MLP goes where it is.
+    with tf.distribute.get_strategy().extended.colocate_vars_with(self.table_home):
+      self.mlp = PackedMLP(self._num_features * config.embedding_dim + config.num_dense,
+                           (*config.hidden, 1), seed=seed + 100, name="mlp")
 
-  def call(self, features, training=False):
+  @property
+  def table(self):
+    """The embedding table (a `ShardedVariable` if it was split over the ps)."""
+    return self.embedding.embeddings
+
+  @property
+  def table_home(self) -> tf.Variable:
+    """The table's variable to place others with: the table, or its first shard."""
+    return pull_push.first_shard(self.table)
+
+  def ids(self, features) -> tf.Tensor:
+    """Every feature's row in the shared table: [batch, features]."""
     ids = tf.stack([tf.cast(features[f"cat_{f}"], tf.int64)
                     for f in range(self._num_features)], axis=1)
-    rows = self.embedding(ids + self._offsets)  # [batch, features, dim]
+    return ids + self._offsets
+
+  def logits(self, rows, mlp_weights, features) -> tf.Tensor:
+    """The click logit from looked-up rows [batch, features, dim] and the MLP's weights."""
     x = tf.concat([tf.reshape(rows, [-1, self._num_features * self._dim]),
                    features["dense"]], axis=1)
-    return self.mlp(x)
+    return self.mlp.apply_weights(x, mlp_weights)
+
+  def call(self, features, training=False):
+    return self.logits(self.embedding(self.ids(features)),
+                       tf.convert_to_tensor(self.mlp.packed), features)
 
 
-class FusedAdagrad(tf_keras.optimizers.Adagrad):
+class FusedAdagrad(pull_push.DeduplicateOnDevice, tf_keras.optimizers.Adagrad):
   """tf_keras's Adagrad, each update one fused kernel on the variable's device.
 
   Same state (one accumulator per variable, so checkpoints are
@@ -265,7 +297,8 @@ class FusedAdagrad(tf_keras.optimizers.Adagrad):
   seven small ops; on a parameter server every one of them is a separately
   scheduled op on the ps, every step. `ResourceSparseApplyAdagradV2` and
   `ResourceApplyAdagradV2` do the whole update in one. The learning rate is a
-  constant here (no ps read per variable per step).
+  constant here (no ps read per variable per step). Sparse gradients are
+  deduplicated on the variable's device, if at all (`DeduplicateOnDevice`).
   """
 
   def __init__(self, learning_rate: float, **kwargs):
@@ -292,6 +325,12 @@ def _loss(labels, logits):
 class CtrTrainer(orbit.StandardTrainer):
   """A plain single-machine Orbit trainer; the runtime schedules it on workers.
 
+  A step pulls the rows of its ids and the MLP's weights from their ps in one
+  transfer and pushes their gradients back in one (`coordinator.pull_push`;
+  on one machine the same code reads local variables). The same values and
+  updates as reading the variables inside the tape, in 3 transfers per step
+  instead of 6 (docs/benchmarks.md).
+
   `train_step` returns the step's logs (`{"loss": ...}`) instead of updating
   a loss metric: under parameter servers a metric's total and count are two
   variables on a ps, written every step (docs/benchmarks.md measures the
@@ -310,12 +349,21 @@ class CtrTrainer(orbit.StandardTrainer):
     super().__init__(train_dataset)
 
   def train_step(self, iterator):
+    model = self.model
+    # One replica per worker: nothing to aggregate, and tf_keras's aggregation
+    # can copy the gradients to the worker and back (see pull_push).
+    skip_aggregation = self.strategy.num_replicas_in_sync == 1
+
     def step_fn(inputs):
       features, labels = inputs
+      pulled = pull_push.pull(tables=[(model.table, model.ids(features))],
+                              dense=[model.mlp.packed])
       with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(_loss(labels, self.model(features, training=True)))
-      grads = tape.gradient(loss, self.model.trainable_variables)
-      self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+        tape.watch(pulled.values)
+        (rows,), (mlp_weights,) = pulled.lookups(), pulled.dense()
+        loss = tf.reduce_mean(_loss(labels, model.logits(rows, mlp_weights, features)))
+      self.optimizer.apply_gradients(pulled.gradients(tape.gradient(loss, pulled.values)),
+                                     skip_gradients_aggregation=skip_aggregation)
       return loss
 
     return {"loss": self.strategy.run(step_fn, args=(next(iterator),))}
@@ -362,8 +410,11 @@ def factory(context: experiment_lib.ExperimentContext) -> experiment_lib.Experim
   model = build_model(config, context.seed)
   # Adagrad touches only the embedding rows of a batch (Adam decays every row
   # of every table each step: ~7x slower here). A tiny initial accumulator
-  # lets rare ids move from their first update on.
-  optimizer = FusedAdagrad(config.learning_rate, initial_accumulator_value=1e-6)
+  # lets rare ids move from their first update on. Its step counter goes
+  # with the table too (its slots always go with their variables), so that a
+  # step touches one ps.
+  with context.strategy.extended.colocate_vars_with(model.table_home):
+    optimizer = FusedAdagrad(config.learning_rate, initial_accumulator_value=1e-6)
   optimizer.build(model.trainable_variables)  # Slots exist before a restore.
   # The optimizer counts its updates, one per step: that counter is the
   # global step (a second counter would be one more ps write per step).

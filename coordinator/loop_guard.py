@@ -5,13 +5,17 @@ returned and no closure is running, so a checkpoint written here is
 consistent. In order:
 
   1. append the step to the progress log (watchers measure recovery with it);
-  2. a ps/worker preemption notice is waiting (`recovery.interrupts`): save
+  2. every ps still holds its variables (`ps_state`): if one lost them (it
+     restarted unnoticed, holding nothing the train step uses), save if the
+     checkpoint does not need that ps, then exit retryable: the supervisor
+     restarts the coordinator, which restores the latest checkpoint;
+  3. a ps/worker preemption notice is waiting (`recovery.interrupts`): save
      now and answer it. For a *ps* notice the coordinator then waits (within
      the notice's deadline) until that ps is gone and exits retryable, so the
      supervisor restarts it once the ps is back and it restores exactly this
      checkpoint: zero steps lost. A worker notice needs nothing more: TF
      re-runs the worker's closures elsewhere;
-  3. the chief itself got SIGTERM: save and raise `Preempted` (exit 143).
+  4. the chief itself got SIGTERM: save and raise `Preempted` (exit 143).
 
 The trainer stops scheduling new closures as soon as an interrupt is pending
 (`pending`), so these happen at most one closure per worker late.
@@ -28,6 +32,8 @@ import tensorflow as tf
 
 from cluster import readiness
 from cluster import spec as spec_lib
+from coordinator import messages
+from coordinator import ps_state
 from recovery import errors
 from recovery import events as events_lib
 from recovery import interrupts as interrupts_lib
@@ -40,8 +46,10 @@ _GONE_PROBE_SECONDS = 0.5
 class LoopGuard:
   def __init__(self, *, interrupts: interrupts_lib.Interrupts,
                manager: tf.train.CheckpointManager, global_step: tf.Variable,
-               cluster: spec_lib.ClusterSpec, model_dir: str):
+               cluster: spec_lib.ClusterSpec, model_dir: str,
+               sentinels: ps_state.PsSentinels | None = None):
     self._interrupts = interrupts
+    self._sentinels = sentinels
     self._manager = manager
     self._global_step = global_step
     self._cluster = cluster
@@ -66,6 +74,8 @@ class LoopGuard:
 
   def after_loop(self, step: int) -> None:
     self._progress.append(step)
+    if self._sentinels is not None:
+      self._check_ps_state(step)
     notices = self._interrupts.serve(self._save)
     for notice in notices:
       self._events.append(events_lib.Event(
@@ -85,6 +95,18 @@ class LoopGuard:
         self._wait_until_gone(task, notice.deadline_seconds)
         raise errors.RetryableError(
             f"{task} is being preempted; saved at step {step}, restart once it is back")
+
+  def _check_ps_state(self, step: int) -> None:
+    """Raises `PsStateLost` if a ps lost its variables; saves first if it still can."""
+    try:
+      self._sentinels.check()
+    except ps_state.PsStateLost as lost:
+      try:  # Training just ran, so its variables are intact elsewhere.
+        _, path = self._save()
+        saved = f"saved {path} first"
+      except tf.errors.OpError as e:  # The checkpoint needs that ps too.
+        saved = f"could not save ({type(e).__name__}: {messages.one_line(e.message)})"
+      raise ps_state.PsStateLost(f"{lost} at step {step}; {saved}") from lost
 
   def _save(self) -> tuple[int, str]:
     """Saves the current step, unless the latest checkpoint already holds it."""

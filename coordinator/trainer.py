@@ -7,12 +7,17 @@ several remote closures of at most `steps_per_closure` steps each (a
 worker is busy, followed by one `join()`. `train_loop_begin`, `train_step`
 and `train_loop_end` are the wrapped trainer's own, unchanged.
 
-Inside a closure, each iteration of the while loop runs `unroll` steps one
-after another (the loop body calls `train_step` `unroll` times). The steps
-and their order are exactly those of a one-step body; what changes is that
-the loop's per-iteration control messages, which a loop spanning worker and
-ps devices exchanges with every ps it touches, are paid once per `unroll`
-steps (measured: `tfps bench`, docs/benchmarks.md).
+Inside a closure of `steps_per_closure` steps (all of a loop's closures but
+perhaps its last), steps are written out `unroll` at a time: `n % unroll`
+(or `unroll`) steps one after another, then a while loop whose every
+iteration runs `unroll` more. The steps and their order are exactly those
+of a one-step loop; what changes is the loop's cost. A loop spanning worker
+and ps devices exchanges control messages with every ps it touches in every
+iteration, and TensorFlow's executor runs a graph with a loop on a slower
+path than one without. With the default `unroll` (50, the default steps per
+closure) such a closure has no loop at all (measured: `tfps bench`,
+docs/benchmarks.md). Closures of other sizes run one step per loop
+iteration, all with one function: two traces per run, whatever the sizes.
 
     trainer = PSTrainer(MyTrainer(...), runtime, steps_per_closure=50)
 
@@ -54,10 +59,13 @@ from coordinator import strategy as strategy_lib
 from recovery import errors
 
 
-# Measured on the ctr benchmark with sharded tables (docs/benchmarks.md): 10
-# used 4-12% less CPU per step than 5; 25 no better, 50 worse (a larger loop
-# body costs more to trace and run than the control messages it saves).
-DEFAULT_UNROLL = 10
+# As many as the default steps per closure: a closure of up to 50 steps has
+# no while loop at all. Measured side by side on the ctr benchmark
+# (docs/benchmarks.md): 6.2-6.5 ms of CPU per step against 7.0 with a loop
+# of 10 steps per iteration, and 7.5 with the earlier loop whose remainder
+# ran one step per iteration. The price is tracing: the first closure takes
+# ~4 s longer to build (on every coordinator start).
+DEFAULT_UNROLL = 50
 
 
 def plan_closures(num_steps: int, steps_per_closure: int, num_workers: int) -> list[int]:
@@ -155,18 +163,39 @@ class PSTrainer(orbit.StandardTrainer):
     unroll = self._unroll
 
     what = type(self._trainer).__name__
+    full_size = self._steps_per_closure
+
+    # A closure of `steps_per_closure` steps (nearly all of them), traced
+    # with its shape fixed: `peeled` steps written out, then a loop of
+    # `unroll` steps per iteration (no loop at all with the defaults).
+    peeled = full_size % unroll or min(unroll, full_size)
+    iterations = (full_size - peeled) // unroll
 
     @tf.function
-    def closure(iterator, num_steps):
+    def full_closure(iterator):
       # The first step's logs (if any) give the structure of the running sums.
       sums = step_logs.start(train_step(iterator), what)
-      rest = num_steps - 1
-      for _ in tf.range(rest // unroll):  # A tf.while_loop on the worker.
-        for _ in range(unroll):  # Python: `unroll` steps in one iteration.
-          sums = step_logs.add(sums, train_step(iterator), what)
-      for _ in tf.range(rest % unroll):
+      for _ in range(peeled - 1):  # Python: written out.
+        sums = step_logs.add(sums, train_step(iterator), what)
+      if iterations:  # Python: known when traced.
+        for _ in tf.range(iterations):  # A tf.while_loop on the worker.
+          for _ in range(unroll):
+            sums = step_logs.add(sums, train_step(iterator), what)
+      return sums
+
+    # Any other size (a loop's last closure, or closures shrunk so that every
+    # worker gets one): one step per loop iteration, traced once for all sizes.
+    @tf.function
+    def other_closure(iterator, num_steps):
+      sums = step_logs.start(train_step(iterator), what)
+      for _ in tf.range(num_steps - 1):
         sums = step_logs.add(sums, train_step(iterator), what)
       return sums
+
+    def schedule(iterator, size: int):
+      if size == full_size:
+        return coordinator.schedule(full_closure, args=(iterator,))
+      return coordinator.schedule(other_closure, args=(iterator, tf.constant(size, tf.int32)))
 
     def loop_fn(iterator, num_steps):
       sizes = plan_closures(int(num_steps), self._steps_per_closure,
@@ -178,7 +207,7 @@ class PSTrainer(orbit.StandardTrainer):
           if self._pause():
             break  # Finish what runs (join below); the chief saves next.
           try:
-            remote = coordinator.schedule(closure, args=(iterator, tf.constant(size, tf.int32)))
+            remote = schedule(iterator, size)
           except Exception as e:  # Traced at the first schedule: bad step logs.
             usage = step_logs.usage_error_in(e)
             if usage is None:

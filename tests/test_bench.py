@@ -71,8 +71,9 @@ def test_bad_bench_flags_exit_2_with_one_line(tfps, args, expected):
 @pytest.mark.cluster
 def test_bench_runs_every_variant_and_prints_the_json_fields(tfps, tmp_path):
   # A test-sized run: the tiny model, short windows (not --quick, whose own
-  # 200-step windows would override these).
-  result = tfps(["bench", "--bench_sizes=tiny", "--window_steps=40",
+  # 200-step windows would override these), one worker (one TF import less);
+  # two ps, so that the tutorial's table is split.
+  result = tfps(["bench", "--bench_sizes=tiny", "--window_steps=40", "--num_workers=1",
                  "--warmup_steps=10", "--steps_per_loop=20", "--steps_per_closure=10",
                  "--global_batch_size=64", f"--model_dir={tmp_path}"], timeout=240)
   assert result.returncode == 0, result.stderr[-3000:]

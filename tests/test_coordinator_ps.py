@@ -20,9 +20,14 @@ from coordinator import chief
 from coordinator import ctr
 from coordinator import datasets
 from coordinator import evaluator as evaluator_lib
+from coordinator import experiment as experiment_lib
+from coordinator import loop_guard
+from coordinator import ps_state
+from coordinator import pull_push
 from coordinator import strategy as strategy_lib
 from coordinator import trainer as trainer_lib
 from recovery import errors
+from recovery import interrupts as interrupts_lib
 from recovery import progress as progress_log
 
 NUM_PS, NUM_WORKERS = 2, 2
@@ -151,13 +156,17 @@ def test_plain_trainer_runs_under_ps_with_one_changed_line(runtime):
 
 
 def test_unrolled_closures_run_exactly_the_steps_asked(runtime):
-  # Closures of 7 steps, 3 steps per loop iteration: 7 = 2 x 3 + 1 exercises
-  # the remainder loop; the global step counts every step exactly once.
+  # Closures of 7 steps written out 3 at a time: 1 step, then a loop of 2 x 3.
+  # 23 steps: three of those and one of 2 (other sizes: a loop of 1 step per
+  # iteration); then 12: two closures of 6. The global step counts every
+  # step exactly once.
   with runtime.strategy.scope():
     _, optimizer, step, trainer = _linear_parts()
   trainer = trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=7, unroll=3)
   trainer.train(tf.constant(23))
   assert int(step.numpy()) == 23 and int(optimizer.iterations.numpy()) == 23
+  trainer.train(tf.constant(12))
+  assert int(step.numpy()) == 35 and trainer.closures_scheduled == 4 + 2
   with pytest.raises(errors.UsageError, match=r"unroll \(0\) must be a positive integer"):
     trainer_lib.PSTrainer(trainer.trainer, runtime, steps_per_closure=7, unroll=0)
 
@@ -179,8 +188,8 @@ class _StepLogTrainer(orbit.StandardTrainer):
 
 
 def test_step_logs_are_averaged_over_each_loop(runtime):
-  # Closures of 7 steps with 3 per loop iteration (the first step, the
-  # unrolled loop and the remainder each log): a loop's mean of a log that is
+  # Closures of 7 steps written out 3 at a time, and of other sizes (the
+  # steps before a loop and in it each log): a loop's mean of a log that is
   # 1 every step is exactly 1 only if every step was summed once and the
   # closures weighed by their steps. (Logged values come from the trainer,
   # not from a shared counter: `assign_add`'s returned value is re-read after
@@ -354,3 +363,171 @@ def test_readme_experiment_example_trains(cluster, tmp_path, monkeypatch):
       train_steps=200, steps_per_loop=100, checkpoint_interval=100, global_batch_size=64))
   assert result.global_step == 200
   assert result.eval["accuracy"] > 0.9
+
+
+# What a ctr train step moves between the coordinator and the ps, read from
+# the partitioned graphs TensorFlow actually ran (run metadata). The step runs
+# on this process (the chief) as it would on a worker.
+
+def _step_transfers(runtime, train_step, features, labels) -> dict[str, list[str]]:
+  """Per ps, the tensors one step sends to or receives from it (control signals left out)."""
+  from tensorflow.python.eager import context
+  step = tf.function(lambda: train_step((features, labels)))
+  with runtime.strategy.scope():
+    context.context().enable_run_metadata()  # Partitions are reported when first run.
+    try:
+      step()
+      metadata = context.context().export_run_metadata()
+    finally:
+      context.context().disable_run_metadata()
+  # The step itself (other functions may run too: variable reads, datasets).
+  function = max(metadata.function_graphs, key=lambda f: len(f.pre_optimization_graph.node))
+  transfers = {}
+  if True:
+    for partition in function.partition_graphs:
+      nodes = {node.name: node for node in partition.node}
+      for node in partition.node:
+        if node.op != "_Send":
+          continue
+        source = nodes[node.input[0].split(":")[0]]
+        if source.op == "Const" and any(i.startswith("^") for i in source.input):
+          continue  # A control signal: TensorFlow sends a dummy constant.
+        ends = (node.attr["send_device"].s.decode(), node.attr["recv_device"].s.decode())
+        ps = next((d.split("/device")[0] for d in ends if "/job:ps/" in d), None)
+        if ps is not None:
+          transfers.setdefault(ps, []).append(node.attr["tensor_name"].s.decode())
+  return transfers
+
+
+def _ctr_parts(runtime):
+  config = ctr.CtrConfig.from_params(SMALL_CTR)
+  context = experiment_lib.ExperimentContext(
+      strategy=runtime.strategy, coordinator=runtime.coordinator, model_dir="",
+      global_batch_size=256, seed=3, num_workers=NUM_WORKERS, num_ps=NUM_PS, params=SMALL_CTR)
+  with runtime.strategy.scope():
+    trainer = ctr.factory(context).trainer
+  features, labels = ctr.make_examples(tf.range(256, dtype=tf.int64), config, 3, 1)
+  return trainer, features, labels
+
+
+def _plain_step(trainer):
+  """The same step reading the variables inside the tape, as models usually do."""
+  model, optimizer = trainer.model, trainer.optimizer
+
+  def step_fn(features, labels):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(ctr._loss(labels, model(features, training=True)))
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                  model.trainable_variables))
+
+  return lambda inputs: trainer.strategy.run(step_fn, args=inputs)
+
+
+def test_a_ctr_step_moves_three_tensors_to_and_from_one_ps(cluster):
+  # Tables whole (tfps's default placement for a table this small).
+  whole = strategy_lib.connect(cluster, ready_timeout=30, min_shard_bytes=None)
+  trainer, features, labels = _ctr_parts(whole)
+  pulled = _step_transfers(whole, lambda inputs: trainer.train_step(iter([inputs])),
+                           features, labels)
+  # The unique ids out, the rows and the MLP's weights back in one tensor,
+  # all the gradients out in one: everything on the table's ps.
+  (ps, names), = pulled.items()
+  assert len(names) == 3, pulled
+  assert ps == trainer.model.table.device.split("/device")[0]
+  plain = _step_transfers(whole, _plain_step(trainer), features, labels)
+  # Reading the variables: ids, rows, MLP weights, unique ids and summed rows
+  # of the sparse gradient, the MLP's gradient.
+  assert sum(map(len, plain.values())) == 6, plain
+
+
+def test_pull_push_on_a_table_split_over_the_ps_equals_reading_the_variables(runtime):
+  trainer, features, labels = _ctr_parts(runtime)  # 16 KiB shards: split over both ps.
+  model = trainer.model
+  assert len(model.table.variables) == NUM_PS
+  transfers = _step_transfers(runtime, lambda inputs: trainer.train_step(iter([inputs])),
+                              features, labels)
+  assert sorted(map(len, transfers.values())) == [3, 3], transfers  # Per ps: ids, pull, push.
+  devices = []
+
+  @tf.function
+  def gradients():
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(ctr._loss(labels, model(features)))
+    plain = tape.gradient(loss, model.trainable_variables)
+    pulled = pull_push.pull(tables=[(model.table, model.ids(features))],
+                            dense=[model.mlp.packed])
+    with tf.GradientTape() as tape:
+      tape.watch(pulled.values)
+      (rows,), (weights,) = pulled.lookups(), pulled.dense()
+      loss = tf.reduce_mean(ctr._loss(labels, model.logits(rows, weights, features)))
+    grads_and_vars = pulled.gradients(tape.gradient(loss, pulled.values))
+    devices[:] = [(g.values.device if isinstance(g, tf.IndexedSlices) else g.device, v.device)
+                  for g, v in grads_and_vars]
+    return ([tf.convert_to_tensor(g) for g in plain],
+            [tf.convert_to_tensor(g) for g, _ in grads_and_vars])
+
+  with runtime.strategy.scope():
+    plain, pulled = gradients()
+  # Variable order: the table's shards, then the MLP; every gradient made on its ps.
+  assert all(grad_device == var_device for grad_device, var_device in devices), devices
+  plain_table = np.concatenate([g.numpy() for g in plain[:NUM_PS]])
+  np.testing.assert_allclose(np.concatenate([g.numpy() for g in pulled[:NUM_PS]]),
+                             plain_table, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(pulled[NUM_PS].numpy(), plain[NUM_PS].numpy(), rtol=1e-5,
+                             atol=1e-7)
+
+
+class _LostPs:
+  """Sentinels of a ps that restarted: what `PsSentinels.check` raises then."""
+
+  def check(self):
+    raise ps_state.PsStateLost("ps:1 lost its variables (it restarted, or is down): ...")
+
+
+def _guard(runtime, tmp_path, sentinels, step_on_lost_ps=False):
+  with runtime.strategy.scope():
+    step = tf.Variable(7, dtype=tf.int64)
+  items = {"step": step}
+  if step_on_lost_ps:  # A checkpointed variable that cannot be read any more.
+    items["gone"] = _Unreadable()
+  manager = tf.train.CheckpointManager(tf.train.Checkpoint(**items), str(tmp_path),
+                                       max_to_keep=2)
+  return manager, loop_guard.LoopGuard(
+      interrupts=interrupts_lib.Interrupts(), manager=manager, global_step=step,
+      cluster=runtime.cluster, model_dir=str(tmp_path), sentinels=sentinels)
+
+
+class _Unreadable(tf.Module):
+  """Saves like a variable whose ps lost it: the read fails with TensorFlow's error."""
+
+  def __init__(self):
+    super().__init__()
+    self.value = tf.Variable(0.0)
+
+  def _serialize_to_tensors(self):
+    raise tf.errors.FailedPreconditionError(None, None, "Resource gone/N10tensorflow3VarE "
+                                            "does not exist.")
+
+
+def test_a_ps_that_lost_its_variables_ends_the_loop_retryable_after_a_save(runtime, tmp_path):
+  sentinels = ps_state.PsSentinels(runtime.cluster)
+  sentinels.check()  # Every ps of a healthy cluster holds its sentinel.
+  assert [v.device for v in sentinels.variables] == [
+      f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(NUM_PS)]
+  (tmp_path / "saved").mkdir()
+  manager, guard = _guard(runtime, tmp_path / "saved", _LostPs())
+  with pytest.raises(ps_state.PsStateLost) as e:
+    guard.after_loop(7)
+  # Training just ran without that ps: the checkpoint is saved first, nothing lost.
+  assert str(e.value).startswith("ps:1 lost its variables (it restarted, or is down)")
+  assert str(e.value).endswith(f"at step 7; saved {tmp_path}/saved/ckpt-7 first")
+  assert manager.latest_checkpoint == f"{tmp_path}/saved/ckpt-7"
+  assert e.value.exit_code == errors.ExitCode.CLUSTER_LOST
+
+  # The checkpoint needs that ps: no save (and no partial checkpoint), still retryable.
+  (tmp_path / "unsaved").mkdir()
+  manager, guard = _guard(runtime, tmp_path / "unsaved", _LostPs(), step_on_lost_ps=True)
+  with pytest.raises(ps_state.PsStateLost, match=r"at step 7; could not save "
+                                                 r"\(FailedPreconditionError: Resource gone"):
+    guard.after_loop(7)
+  assert manager.latest_checkpoint is None

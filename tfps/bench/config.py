@@ -57,7 +57,8 @@ class BenchConfig:
     variants: patterns to run, all on the same model and data.
     repeats: timed windows per variant (the median is reported).
     window_steps: steps in one timed window.
-    warmup_steps: untimed steps before the first window (tracing, datasets).
+    warmup_steps: untimed steps before the first window (tracing, datasets);
+      the driver runs at least one whole loop (`steps_per_loop`).
     steps_per_loop: steps per Orbit loop (and per tutorial join).
     steps_per_closure: tfps: at most this many steps in one closure.
     global_batch_size: examples per step.

@@ -5,7 +5,9 @@ started by `tfps bench`), connects once, and for every model size:
 
   1. builds every variant (`patterns`) from the same seed: same initial
      model, same data;
-  2. warms each up (`warmup_steps`: tracing, per-worker datasets);
+  2. warms each up (`warmup_steps`, and at least one whole Orbit loop, so
+     that every closure a timed window runs is traced already; per-worker
+     datasets);
   3. runs `repeats` rounds; in each round every variant trains one window of
      `window_steps` steps, timed from the first dispatch to the moment the
      last step has finished (join). The variants take turns, in a rotating
@@ -60,11 +62,12 @@ def measure_size(size: str, runtimes, config: config_lib.BenchConfig,
                  meter: cpu_lib.CpuMeter) -> dict:
   params = dict(config_lib.SIZES[size])
   runs = {}
+  # A whole loop traces the closures of a whole loop (a shorter one may not).
+  warmup = max(config.warmup_steps, config.steps_per_loop)
   for variant in config.variants:
-    logging.info("%s/%s: building and warming up (%d steps)", size, variant,
-                 config.warmup_steps)
+    logging.info("%s/%s: building and warming up (%d steps)", size, variant, warmup)
     runs[variant] = _build(variant, runtimes, params, config)
-    runs[variant].train(config.warmup_steps)
+    runs[variant].train(warmup)
     if runs[variant].timer is not None:
       runs[variant].timer.reset()  # Tracing is not dispatch.
   results = {v.value: {"examples_per_sec": [], "window_seconds": [], "cpu_ms_per_step": []}
