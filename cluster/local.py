@@ -22,7 +22,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from typing import Sequence
 
 import portpicker
@@ -32,6 +31,7 @@ from cluster import hosts as hosts_lib
 from cluster import netns
 from cluster import processes
 from cluster import readiness
+from cluster import scratch
 from cluster import spec as spec_lib
 from recovery import errors
 
@@ -169,8 +169,9 @@ class LocalCluster:
     self.config = config
     self._temp_dir = None
     if config.work_dir is None:
-      self._temp_dir = tempfile.TemporaryDirectory(prefix="tfps-local-")
-    self.work_dir = config.work_dir or self._temp_dir.name
+      # Removed by close(), or by a later cluster's sweep if this process is killed.
+      self._temp_dir = scratch.ScratchDir("tfps-local-")
+    self.work_dir = config.work_dir or self._temp_dir.path
     self.log_dir = os.path.join(self.work_dir, "logs")
     self.network: netns.PrivateNetwork | None = None
     self.virtual_hosts: hosts_lib.VirtualHosts | None = None

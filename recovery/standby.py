@@ -62,6 +62,9 @@ class WarmCoordinators:
   `argv` starts a coordinator; `--exclude_workers` is appended to it for a
   cold start and sent in the go line to a standby. Every process writes its
   stdout to its own file in `stdout_dir`; `stdout_path` is the current one's.
+  Their temporary files go there too (`TMPDIR`): each coordinator keeps them
+  in its own scratch directory, which the next one removes if it was killed
+  (`cluster.scratch`), and the chief removes `stdout_dir` when it ends.
   """
 
   def __init__(self, argv: Sequence[str], *, env: dict, stdout_dir: str, warm: bool,
@@ -84,7 +87,8 @@ class WarmCoordinators:
     self._count += 1
     path = os.path.join(self._stdout_dir, f"coordinator-{self._count}.stdout")
     with open(path, "w", encoding="utf-8") as out:
-      return self._spawn(argv, stdout=out, env=env, stdin=stdin), path
+      return self._spawn(argv, stdout=out, env={**env, "TMPDIR": self._stdout_dir},
+                         stdin=stdin), path
 
   def start(self, excluded: Sequence[str]) -> tuple[subprocess.Popen, bool]:
     """The coordinator that runs next, and whether it was the warm standby."""

@@ -169,8 +169,11 @@ def test_exact_eval_is_unchanged_by_a_worker_killed_mid_evaluation(cluster, tmp_
   script = tmp_path / "client.py"
   script.write_text(CLIENT)
   stderr_path = tmp_path / "client.stderr"
-  # As `tfps` sets for its own processes (tfps/cli.py).
-  env = dict(os.environ, GRPC_FAIL_FAST="use_caller", TF_CPP_MIN_LOG_LEVEL="1")
+  # As `tfps` sets for its own processes (tfps/cli.py); its temporary files
+  # (AutoGraph's) in tmp_path, since it leaves with os._exit.
+  (tmp_path / "tmp").mkdir()
+  env = dict(os.environ, GRPC_FAIL_FAST="use_caller", TF_CPP_MIN_LOG_LEVEL="1",
+             TMPDIR=str(tmp_path / "tmp"))
   worker = cluster.worker(1)
   with open(stderr_path, "w") as stderr:
     client = cluster.spawn([sys.executable, str(script), cluster.spec_file], env=env,

@@ -135,16 +135,16 @@ PARENT = textwrap.dedent("""
     from cluster import local
     cluster = local.LocalCluster(local.LocalClusterConfig(num_ps=1, num_workers=1))
     cluster.start()
-    print(json.dumps([h.pid for h in cluster.tasks.values()]), flush=True)
+    print(json.dumps([cluster.work_dir, [h.pid for h in cluster.tasks.values()]]), flush=True)
     time.sleep(600)
 """)
 
 
-def test_tasks_die_when_the_parent_is_sigkilled():
+def test_tasks_die_when_the_parent_is_sigkilled_and_its_files_go_with_the_next_cluster():
   parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
   try:
-    pids = json.loads(parent.stdout.readline())
+    work_dir, pids = json.loads(parent.stdout.readline())
     assert len(pids) == 2 and all(_alive(pid) for pid in pids)
     parent.send_signal(signal.SIGKILL)
     parent.wait(timeout=10)
@@ -153,6 +153,11 @@ def test_tasks_die_when_the_parent_is_sigkilled():
   finally:
     parent.kill()
     parent.wait(timeout=10)
+  assert os.path.isdir(work_dir)  # A killed owner removes nothing...
+  cluster = local.LocalCluster(local.LocalClusterConfig(num_ps=1, num_workers=1))
+  assert not os.path.exists(work_dir)  # ...the next cluster does.
+  cluster.close()
+  assert not os.path.exists(cluster.work_dir)
 
 
 @pytest.fixture(scope="module")

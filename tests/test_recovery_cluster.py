@@ -9,8 +9,10 @@ per coordinator start) and the event log, and leaves every task running.
 Every wait is bounded.
 """
 
+import glob
 import os
 import signal
+import tempfile
 
 import pytest
 
@@ -147,12 +149,16 @@ def test_chief_preempted_saves_and_exits_143_then_resumes_exactly(run):
 def test_chief_killed_resumes_from_the_latest_checkpoint(run):
   step = run.step
   restores = len(run.restores)
+  killed = run.chief.pid
   run.chief.kill(signal.SIGKILL)
   assert run.chief.wait(timeout=10) == -signal.SIGKILL
   run.chief.start()  # As an orchestrator would; ps and workers kept running.
   run.wait_for_step(step, timeout=180)
   restored = run.restores[restores]
   assert 0 <= step - restored.step <= cluster_helpers.MAX_STEPS_LOST
+  # The killed chief's scratch (its coordinators' logs and AutoGraph files)
+  # was swept by the new one.
+  assert not glob.glob(os.path.join(tempfile.gettempdir(), f"tfps-chief-{killed}-*"))
 
 
 def test_worker_that_never_returns_is_left_out_then_taken_back(run):

@@ -1,10 +1,13 @@
 """The warm standby coordinator's plumbing, with real processes (no TF)."""
 
+import glob
 import json
 import os
+import signal
 import sys
 import textwrap
 
+from cluster import processes
 from recovery import signals
 from recovery import standby
 
@@ -44,7 +47,9 @@ def test_a_restart_takes_the_standby_and_tells_it_whom_to_leave_out(tmp_path):
   second, warm = coordinators.start(["worker:1", "worker:0"])
   assert warm and second.wait(timeout=30) == 0
   assert _said(coordinators) == {"excluded": "worker:0,worker:1", "warm": True}
-  assert len(os.listdir(tmp_path)) == 2  # Each process has its own stdout file.
+  # Each process has its own stdout file.
+  assert sorted(glob.glob(str(tmp_path / "*.stdout"))) == [
+      str(tmp_path / "coordinator-1.stdout"), str(tmp_path / "coordinator-2.stdout")]
 
 
 def test_without_warm_standbys_every_start_is_cold(tmp_path):
@@ -93,3 +98,41 @@ def test_wait_for_go_ends_on_end_of_file_or_a_stop_signal():
     with os.fdopen(w, "w") as out:
       out.write('{"exclude_workers": ["worker:2"]}\n')
     assert standby.wait_for_go(signals.StopSignals(), stdin) == standby.Go(("worker:2",))
+
+
+# Like `tfps run`'s coordinator: temporary files in its own scratch directory;
+# writes one (where a killed coordinator's AutoGraph files would stay), then
+# waits to be killed.
+_LITTERING_COORDINATOR = textwrap.dedent("""
+    import tempfile, time
+    from cluster import scratch
+    scratch.use_for_temporary_files("tfps-coordinator-")
+    with tempfile.NamedTemporaryFile(suffix=".py", delete=False) as f:
+      print(f.name, flush=True)
+    time.sleep(60)
+""")
+
+
+def test_a_killed_coordinators_temporary_files_go_at_the_next_start(tmp_path):
+  coordinators = standby.WarmCoordinators([sys.executable, "-c", _LITTERING_COORDINATOR],
+                                          env=dict(os.environ), stdout_dir=str(tmp_path),
+                                          warm=False)
+
+  def said() -> str:
+    with open(coordinators.stdout_path) as f:
+      return f.read()
+
+  written = []
+  for _ in range(2):
+    process, _ = coordinators.start([])
+    processes.wait_until(lambda: said().endswith("\n"), timeout=30,
+                         what="the stand-in coordinator to write its temporary file")
+    path = said().strip()
+    assert os.path.dirname(os.path.dirname(path)) == str(tmp_path)  # In the chief's scratch.
+    assert os.path.exists(path)  # Kept while it runs...
+    written.append(path)
+    process.send_signal(signal.SIGKILL)  # ...which leaves it behind...
+    process.wait(timeout=10)
+  assert not os.path.exists(os.path.dirname(written[0]))  # ...until the next one starts.
+  assert os.path.exists(written[1])  # The chief's scratch goes with the chief.
+  coordinators.close()

@@ -13,6 +13,7 @@ import traceback
 from absl import logging
 
 from cluster import readiness
+from cluster import scratch as scratch_lib
 from cluster import spec as spec_lib
 from coordinator import api
 from recovery import control
@@ -77,15 +78,18 @@ def run(flags) -> errors.ExitCode:
     # Written by the signal handler in C, straight to the log: it works even
     # while another thread holds the interpreter lock.
     faulthandler.register(signal.SIGUSR1, file=stderr_filter.real_stderr, all_threads=True)
+    temp = scratch_lib.use_for_temporary_files("tfps-coordinator-")
     if os.environ.get(standby.ENV_VAR):
       go = _stand_by(stop)
       if go is None:  # Not needed after all: leave as quietly as we came.
         stderr_filter.close()
+        temp.cleanup()
         os._exit(0)
       flags.exclude_workers = list(go.exclude_workers)
     code = _coordinate(config, flags, stop)
     sys.stdout.flush()
     stderr_filter.close()
+    temp.cleanup()
     # TF's ClusterCoordinator destructor can wait forever at interpreter
     # shutdown (on a lock of a worker-recovery thread that shutdown froze);
     # everything is saved and flushed, so leave without destructors.
@@ -187,7 +191,8 @@ def _supervise_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCod
   servers = [t for t in config.cluster.for_coordinator().tasks()
              if t.job != spec_lib.JobType.CHIEF]
   event_log = events.EventLog(model_dir)
-  with tempfile.TemporaryDirectory(prefix="tfps-chief-") as scratch:
+  # Removed when the chief ends, or by the next chief's sweep if it is killed.
+  with scratch_lib.ScratchDir("tfps-chief-") as scratch:
     report_path = os.path.join(scratch, "coordinator.exit.json")
     coordinators = standby.WarmCoordinators(
         [sys.executable, "-m", "tfps", *sys.argv[1:], "--nosupervise"],

@@ -26,6 +26,7 @@ import time
 
 from absl import logging
 
+from cluster import scratch
 from cluster import spec as spec_lib
 from tfps.bench import config as config_lib
 from tfps.bench import cpu as cpu_lib
@@ -144,12 +145,14 @@ def main(argv: list[str]) -> int:
   logging.use_absl_handler()
   logging.set_verbosity(logging.INFO)
   log_summary.install_stderr_filter()
+  temp = scratch.use_for_temporary_files("tfps-bench-driver-")
   with open(argv[2], encoding="utf-8") as f:
     config = config_lib.BenchConfig.from_json(f.read())
   result = run(argv[1], config)
   with open(argv[3], "w", encoding="utf-8") as f:
     json.dump(result, f)
   sys.stderr.flush()
+  temp.cleanup()
   # Open gRPC channels to the cluster make a normal exit slow and noisy.
   os._exit(0)
 
