@@ -73,7 +73,8 @@ def test_report():
   assert out["recovery_seconds"] == {"p50": 8.0, "max": 12.0}
   assert out["faults"][1] == {"target": "ps:0", "signal": "SIGTERM", "action": "term",
                               "back_after": 3.0, "time": 40.0, "recovered": True,
-                              "seconds_to_recover": 12.0, "steps_lost": 0}
+                              "seconds_to_recover": 12.0, "longest_stall_seconds": None,
+                              "steps_lost": 0}
 
 
 def _record(step, time, restored=False):
@@ -123,6 +124,42 @@ def test_tracker_recovery_seconds_and_steps_lost(fault, before, injected_at, bat
   assert chaos.report([outcome])["steps_lost"] == lost
 
 
+def test_the_longest_stall_counts_a_later_loop_that_waits_for_a_cut_worker():
+  # A loop whose closures were done ends just after the cut (first progress:
+  # 0.1 s); the next one waits until the link heals (measured: 7.3 s).
+  tracker = chaos.RecoveryTracker()
+  tracker.observe([_record(200, 10.0), _record(400, 10.8)])
+  tracker.injected(chaos.parse_faults("worker:1@20:cut+5", CLUSTER)[0], wall_time=11.0,
+                   since_start=20.0)
+  tracker.observe([_record(600, 11.1), _record(800, 18.4), _record(1000, 19.2)])
+  (outcome,) = tracker.outcomes()
+  assert (outcome.seconds_to_recover, outcome.longest_stall) == (0.1, 7.3)
+  assert chaos.report([outcome])["longest_stall_seconds"] == {"p50": 7.3, "max": 7.3}
+
+
+def test_the_longest_stall_ends_at_the_next_fault_and_spans_a_restart():
+  tracker = chaos.RecoveryTracker()
+  tracker.observe([_record(500, 10.0)])
+  tracker.injected(chaos.parse_faults("worker:1@20:kill+never", CLUSTER)[0], wall_time=10.5,
+                   since_start=20.0)
+  # Its closures run elsewhere at once; at --worker_timeout the coordinator
+  # saves and restarts without it (a restore record, then 12 s to a loop).
+  tracker.observe([_record(700, 11.0), _record(900, 12.0), _record(900, 40.0, restored=True),
+                   _record(1100, 52.0)])
+  assert tracker.outcomes()[0].longest_stall is not None
+  tracker.injected(chaos.parse_faults("ps:0@70:kill+3", CLUSTER)[0], wall_time=60.0,
+                   since_start=70.0)
+  tracker.observe([_record(1100, 75.0, restored=True), _record(1300, 90.0)])
+  never, ps = tracker.outcomes()
+  assert (never.seconds_to_recover, never.longest_stall) == (0.5, 40.0)  # 12.0 -> 52.0.
+  assert (ps.seconds_to_recover, ps.longest_stall) == (30.0, 30.0)
+  # No loop ended yet and no later fault: nothing to say.
+  tracker.injected(chaos.parse_faults("chief:0@95:kill+3", CLUSTER)[0], wall_time=91.0,
+                   since_start=95.0)
+  assert tracker.outcomes()[2].longest_stall is None
+  assert tracker.outcomes()[1].longest_stall == 30.0  # Closed at 91.0: 1.0 s since 90.0.
+
+
 def test_tracker_does_not_count_an_earlier_faults_lost_steps_again():
   tracker = chaos.RecoveryTracker()
   tracker.observe([_record(2700, 10.0)])
@@ -154,15 +191,16 @@ def test_link_cuts_are_drawn_only_with_network_faults():
   assert chaos.FaultOutcome(cut, 70.0, True, 9.0).as_dict()["signal"] == "LINK_DOWN"
 
 
-def _reported(target, action, seconds, lost=0, back_after=5.0):
+def _reported(target, action, seconds, lost=0, back_after=5.0, stall=None):
   return {"target": target, "action": action, "back_after": back_after,
-          "recovered": seconds is not None, "seconds_to_recover": seconds, "steps_lost": lost}
+          "recovered": seconds is not None, "seconds_to_recover": seconds,
+          "longest_stall_seconds": stall, "steps_lost": lost}
 
 
 def test_soak_summary_pools_runs_and_splits_by_kind_of_fault():
   runs = [
-      {"status": "ok", "faults": [_reported("worker:1", "kill", 4.0),
-                                  _reported("ps:0", "kill", 20.0, lost=150)]},
+      {"status": "ok", "faults": [_reported("worker:1", "kill", 4.0, stall=6.0),
+                                  _reported("ps:0", "kill", 20.0, lost=150, stall=21.0)]},
       {"status": "failed", "faults": [_reported("ps:0", "kill", None),
                                       _reported("worker:0", "kill", 2.0, back_after=None)]},
       None,  # A run that printed no result.
@@ -171,9 +209,10 @@ def test_soak_summary_pools_runs_and_splits_by_kind_of_fault():
   assert (summary["runs"], summary["runs_finished"]) == (3, 1)
   assert (summary["faults_injected"], summary["recoveries"], summary["steps_lost"]) == (4, 3, 150)
   assert summary["recovery_seconds"] == {"p50": 4.0, "max": 20.0}
+  assert summary["longest_stall_seconds"] == {"p50": 13.5, "max": 21.0}
   assert summary["by_kind"]["ps kill"] == {
       "faults": 2, "recovered": 1, "recovery_seconds": {"p50": 20.0, "max": 20.0},
-      "steps_lost_max": 150}
+      "longest_stall_seconds": {"p50": 21.0, "max": 21.0}, "steps_lost_max": 150}
   assert summary["by_kind"]["worker never"]["faults"] == 1
   assert summary["by_kind"]["worker kill"]["recovery_seconds"] == {"p50": 4.0, "max": 4.0}
   assert chaos.soak_summary([None])["recovery_seconds"] == {"p50": None, "max": None}

@@ -8,7 +8,9 @@ does not restart it) until its delay is over.
 
 At the end the run is checked: it reached `--train_steps`, the final
 checkpoint restores, the eval metrics are sane. One JSON line on stdout
-reports faults, recoveries, recovery seconds and steps lost. Exit 0 only if
+reports faults, recoveries, recovery seconds (to the first progress), each
+fault's longest stall (the longest time without progress until the next
+fault) and steps lost. Exit 0 only if
 every fault was recovered and every check passed; otherwise 1.
 """
 
