@@ -11,7 +11,9 @@ person should see:
     `grpc: <CODE> from <task> (<address>): <reason>`, naming the task that
     really failed (the deepest remote target); repeats of the same (code,
     task) within `quiet_seconds` are counted, not shown, and the count is
-    reported with the next line for that event.
+    reported with the next line for that event. A record with no status code
+    we know is counted with the peer's latest event in that window; if there
+    is none it is shown as `grpc: error from <task>: <start of its message>`.
 
 This reads message text, which is fine for *display*; decisions about
 failures never do (they use exception types and status codes).
@@ -68,7 +70,11 @@ _STARTUP_NOISE = re.compile(
     r"|Sharding callback duration|Sync on async checkpoint saving|default session config:"
     r"|Number of GPUs on workers"
     # Orbit's per-loop line; tfps's progress line says the same, with an ETA.
-    r"|^train \| step: +\d+ \| steps/sec")
+    r"|^train \| step: +\d+ \| steps/sec"
+    # TF's checkpoint saver makes a new function per save of variables on
+    # several devices, by design, then warns of its own retracing.
+    r"|MultiDeviceSaver\.save\.<locals>\.tf_function_save at 0x[0-9a-f]+> triggered tf\.function"
+    r" retracing")
 # Lines that continue a TF record: absorbed into a gRPC record or dropped with
 # a noise record. Anything else ends the record and is shown.
 _CONTINUATION = re.compile(
@@ -78,6 +84,7 @@ _CONTINUATION = re.compile(
     r"|This could happen if the remote target has been disconnected"
     # TF's chained errors: "2 root error(s) found.", "  (0) UNAVAILABLE: ...".
     r"|\d+ root error\(s\) found|\s*\(\d+\) \w+:|\d+ derived errors ignored|\s*\[\[\{\{node"
+    r"|\d+ successful operations\.|Detected at node .* defined at|<stack traces unavailable>"
     r"|\s*\[\[.*\]\]$|\s*\[Op:\w+\]"
     # Protobuf text (e.g. a session config TF dumps after its header line).
     r"|\s*[a-z_]+ \{$|\s*\}$|\s+[a-z_]+: \S.*$|[a-z_]+: (?:true|false|-?\d+|\"[^\"]*\")$)")
@@ -87,6 +94,8 @@ _CONTINUATION = re.compile(
 _GRPC_DETAIL = re.compile(r"^(?:Additional GRPC error information|:\w+:Error received from peer)")
 # A gRPC record longer than this is cut: its summary is emitted, the rest dropped.
 _MAX_RECORD_LINES = 200
+# How much of a gRPC record with no known status code is shown.
+_UNKNOWN_MESSAGE_CHARS = 160
 
 
 @dataclasses.dataclass
@@ -159,9 +168,21 @@ class LogSummarizer:
 
   def _grpc_event(self, text: str, now: float) -> list[str]:
     found = _GRPC_CODE.search(text)
-    code = _GRPC_CODES[found.group(1)] if found else "UNKNOWN"
     peer = _peer(text)
     reason = next((name for name, pattern in _REASONS if pattern.search(text)), "")
+    if found:
+      code = _GRPC_CODES[found.group(1)]
+    else:
+      # No status we know: an echo of the failure just reported for the same
+      # peer (counted with it), or else shown with the start of its message,
+      # so that a person can tell what it was.
+      recent = self._recent_event_of(peer, now)
+      if recent is not None:
+        recent.suppressed += 1
+        return []
+      code = "error"
+      first_line = text.split("\n", 1)[0].strip()
+      reason = reason or first_line[:_UNKNOWN_MESSAGE_CHARS]
     key = (code, peer)
     event = self._events.get(key)
     if event is not None and now - event.last_shown < self._quiet:
@@ -172,6 +193,16 @@ class LogSummarizer:
     self._events[key] = _Event(last_shown=now)
     detail = f": {reason}" if reason else ""
     return [f"grpc: {code} from {peer}{detail}{repeats}"]
+
+  def _recent_event_of(self, peer: str, now: float) -> _Event | None:
+    """The latest event shown for `peer`'s task within the quiet period, if any.
+
+    By task, since one record may give the task's address and the next not.
+    """
+    task = _task_name(peer)
+    recent = [e for (_, p), e in self._events.items()
+              if _task_name(p) == task and now - e.last_shown < self._quiet]
+    return max(recent, key=lambda e: e.last_shown, default=None)
 
 
 def _from_tensorflow(header: re.Match) -> bool:
@@ -194,6 +225,11 @@ def _peer(text: str) -> str:
   if name and where:
     return f"{name} ({where})"
   return name or where or "a peer"
+
+
+def _task_name(peer: str) -> str:
+  """"worker:1" of "worker:1 (127.0.0.1:5)"; an address-only peer is itself."""
+  return peer.split(" (", 1)[0]
 
 
 _IDLE_FLUSH_SECONDS = 0.5

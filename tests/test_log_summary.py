@@ -175,6 +175,15 @@ def test_orbits_per_loop_line_is_dropped_for_ours():
   assert feed_all(log_summary.LogSummarizer(), [orbit, ours]) == [ours]
 
 
+def test_tfs_warning_about_its_own_savers_retracing_is_dropped():
+  saver = ("W1123 11:16:47.534700 140656848636800 polymorphic_function.py:157] 5 out of the "
+           "last 5 calls to <function MultiDeviceSaver.save.<locals>.tf_function_save at "
+           "0x7fec9c381440> triggered tf.function retracing. Tracing is expensive and the "
+           "excessive number of tracings could be due to (1) creating @tf.function repeatedly")
+  users = saver.replace("MultiDeviceSaver.save.<locals>.tf_function_save", "my_step")
+  assert feed_all(log_summary.LogSummarizer(), [saver, users]) == [users]
+
+
 def test_a_tf_line_without_grpc_details_is_shown_unchanged_and_in_order():
   lines = [
       "W0000 00:00:1795305556.405225    8749 some_op.cc:12] something TF wants said",
@@ -184,3 +193,53 @@ def test_a_tf_line_without_grpc_details_is_shown_unchanged_and_in_order():
   assert summarizer.feed(lines[0], 0.0) == []  # Held: details may follow.
   assert summarizer.feed(lines[1], 0.1) == lines
   assert summarizer.feed(lines[0], 0.2) == [] and summarizer.flush(0.7) == [lines[0]]
+
+
+NO_CODE = ("2026-11-23 14:40:00.000000: E tensorflow/core/distributed_runtime/eager/"
+           "remote_copy_node.cc:99] Remote copy from /job:worker/replica:0/task:1 failed: "
+           "Socket closed")
+
+
+def test_a_record_with_no_known_status_is_counted_with_the_peers_last_event():
+  summarizer = log_summary.LogSummarizer(quiet_seconds=30)
+  refused = REFUSED.format(port=5) + " /job:worker/replica:0/task:1"
+  first = summarizer.feed(refused, 0.0) + summarizer.flush(0.0)
+  assert first == ["grpc: UNAVAILABLE from worker:1 (127.0.0.1:5): connection refused"]
+  # Seen after a worker SIGKILL: a TF record naming the worker, no status code.
+  assert summarizer.feed(NO_CODE, 1.0) + summarizer.flush(1.0) == []
+  again = summarizer.feed(refused, 40.0) + summarizer.flush(40.0)
+  assert again == ["grpc: UNAVAILABLE from worker:1 (127.0.0.1:5): connection refused "
+                   "(1 similar in the last 40s)"]
+
+
+def test_a_record_with_no_known_status_and_no_earlier_event_shows_its_message():
+  summarizer = log_summary.LogSummarizer(quiet_seconds=30)
+  # gRPC's detail lines make it a gRPC record; status 2 is UNKNOWN, not one we name.
+  no_reason = [NO_CODE.replace("Socket closed", "the peer went away"),
+               ":UNKNOWN:Error received from peer  {grpc_message:\"went away\", grpc_status:2}"]
+  assert feed_all(summarizer, no_reason) == [
+      "grpc: error from worker:1: Remote copy from /job:worker/replica:0/task:1 failed: the "
+      "peer went away"]
+  # Past the quiet period nothing is counted with it: the next is shown.
+  assert summarizer.feed(NO_CODE, 31.0) + summarizer.flush(31.0) == [
+      "grpc: error from worker:1: connection reset"]
+
+
+def test_a_closure_error_with_node_locations_stays_one_record():
+  # A coordinator's record after a worker's link came back (2026-11-23, netns
+  # partition test): TF names the node where each chained error was detected.
+  lines = [
+      "E1123 16:27:40.500000 139958624713600 cluster_coordinator.py:900] UNAVAILABLE: "
+      "recvmsg:Connection reset by peer /job:worker/replica:0/task:1",
+      "Detected at node while/LoopCond/_23/_40 defined at (most recent call last):",
+      "<stack traces unavailable>",
+      "2 root error(s) found.",
+      "  (0) UNAVAILABLE:   recvmsg:Connection reset by peer",
+      "\t [[GroupCrossDeviceControlEdges_0/Identity/_19]]",
+      "0 successful operations.",
+      "0 derived errors ignored.",
+      "It is treated as a transient connectivity failure for now.",
+      "I1123 16:27:40.623583 139958624713600 progress.py:104] step 2401/10000000",
+  ]
+  assert feed_all(log_summary.LogSummarizer(), lines) == [
+      "grpc: UNAVAILABLE from worker:1: connection reset", lines[-1]]
