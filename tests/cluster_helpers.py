@@ -89,9 +89,15 @@ class ChiefRun:
     def check():
       if not self.chief.alive:
         raise AssertionError(f"chief exited with {self.chief.returncode} while waiting for "
-                             f"{what}; see {self.chief.log_path}")
+                             f"{what}; see {self.chief.log_path}\n{self.last_words()}")
       return predicate()
     processes.wait_until(check, timeout=timeout, what=what)
+
+  def last_words(self, lines: int = 25, events: int = 6) -> str:
+    """The end of the chief's log and event log: why it ended, even where CI keeps no files."""
+    log_tail = [l[:300] for l in self.log().splitlines()[-lines:]]
+    event_tail = [str(e) for e in self.events()[-events:]]
+    return "\n".join(["--- chief log (end):", *log_tail, "--- events (last):", *event_tail])
 
   def wait_for_step(self, step: int, timeout: float = 120) -> int:
     """Waits until a loop ends past `step`; returns the step reached."""

@@ -170,8 +170,12 @@ def _run_local(model_dir: str, flags, *, timeout: float = RUN_TIMEOUT) -> LocalR
     while process.poll() is None:
       if time.monotonic() - start > timeout:
         raise TimeoutError(f"tfps local still running after {timeout}s; see {err_path}")
-      for pid in _pids_mentioning(model_dir) - set(pids):
-        pids[pid] = _cmdline(str(pid)) + (" [standby]" if _is_standby(pid) else "")
+      # Every scan reads them again: a child caught between fork and exec
+      # still shows its parent's command line and environment.
+      for pid in _pids_mentioning(model_dir):
+        cmdline = _cmdline(str(pid))
+        if model_dir in cmdline:  # Not gone in between.
+          pids[pid] = cmdline + (" [standby]" if _is_standby(pid) else "")
         namespaces.add(_netns(pid))
       listening |= _listening_ports_anywhere(others)
       time.sleep(0.2)
