@@ -68,6 +68,9 @@ _STARTUP_NOISE = re.compile(
     # Per-loop INFO chatter of TF's coordinator, saver and distribute code.
     r"|Reduce to /device:|then broadcast to \('|Waiting for all global closures to be finished"
     r"|Sharding callback duration|Sync on async checkpoint saving|default session config:"
+    # A ps/worker dumps its session options (~20 lines) each time a coordinator
+    # connects; the line before it ("Creating sync eager service context") stays.
+    r"|^SessionOptions: "
     r"|Number of GPUs on workers"
     # Orbit's per-loop line; tfps's progress line says the same, with an ETA.
     r"|^train \| step: +\d+ \| steps/sec"

@@ -243,3 +243,19 @@ def test_a_closure_error_with_node_locations_stays_one_record():
   ]
   assert feed_all(log_summary.LogSummarizer(), lines) == [
       "grpc: UNAVAILABLE from worker:1: connection reset", lines[-1]]
+
+
+def test_a_servers_session_options_dump_at_each_connection_is_dropped():
+  # A worker's stderr when a coordinator connects (2026-11-23, tfps chaos).
+  connected = ("I0000 00:00:1795453118.089244   13353 eager_service_impl.cc:349] Creating sync "
+               "eager service context with rendezvous_id on host vm /job:worker/replica:0/task:0")
+  lines = [
+      connected,
+      "I0000 00:00:1795453118.089316   13353 eager_service_impl.cc:355] SessionOptions: "
+      "device_count {",
+      '  key: "CPU"', "  value: 1", "}", "gpu_options {", "  experimental {", "  }", "}",
+      "allow_soft_placement: true", "experimental {",
+      '  collective_group_leader: "/job:worker/replica:0/task:0"', "}", "",
+      "I1123 16:58:40.000000 140213506268032 server.py:127] worker:0: next line",
+  ]
+  assert feed_all(log_summary.LogSummarizer(), lines) == [connected, lines[-1]]
