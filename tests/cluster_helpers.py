@@ -85,18 +85,27 @@ class ChiefRun:
     return [r for r in self.records[index:] if r.restored]
 
   def wait_for(self, predicate: Callable[[], object], *, timeout: float, what: str) -> None:
-    """Waits for `predicate`; fails at once if the chief itself exited."""
+    """Waits for `predicate`; fails at once if the chief itself exited.
+
+    Either failure carries the chief's last words (`last_words`).
+    """
     def check():
       if not self.chief.alive:
         raise AssertionError(f"chief exited with {self.chief.returncode} while waiting for "
                              f"{what}; see {self.chief.log_path}\n{self.last_words()}")
       return predicate()
-    processes.wait_until(check, timeout=timeout, what=what)
+    try:
+      processes.wait_until(check, timeout=timeout, what=what)
+    except TimeoutError as e:
+      raise TimeoutError(f"{e}\n{self.last_words()}") from None
 
   def last_words(self, lines: int = 25, events: int = 6) -> str:
     """The end of the chief's log and event log: why it ended, even where CI keeps no files."""
-    log_tail = [l[:300] for l in self.log().splitlines()[-lines:]]
-    event_tail = [str(e) for e in self.events()[-events:]]
+    try:
+      log_tail = [l[:300] for l in self.log().splitlines()[-lines:]]
+      event_tail = [str(e) for e in self.events()[-events:]]
+    except OSError as e:  # Never hide the failure being reported.
+      return f"(no last words: {e})"
     return "\n".join(["--- chief log (end):", *log_tail, "--- events (last):", *event_tail])
 
   def wait_for_step(self, step: int, timeout: float = 120) -> int:
