@@ -22,6 +22,11 @@ CHIEF = spec_lib.TaskId(spec_lib.JobType.CHIEF, 0)
 # How the fault tests' chiefs train and save.
 CHECKPOINT_INTERVAL = 200
 STEPS_PER_LOOP = 50
+# Every coordinator start traces its closure, ~0.1 s per step written out
+# (docs/benchmarks.md), and these tests start ~20 coordinators: closures of 10
+# steps save ~2 minutes of the suite. The default (50) is what the e2e, bench
+# and coordinator tests run.
+STEPS_PER_CLOSURE = 10
 # Most steps a ps or chief loss can roll back: a loop can end (and be
 # recorded) on a checkpoint step and the fault land before its save is
 # complete, and a retried closure can carry a loop a few steps further.

@@ -206,7 +206,9 @@ def first_run(model_dir):
 @pytest.fixture(scope="module")
 def resumed_run(model_dir, first_run):
   assert first_run.code == 0, first_run.stderr[-3000:]
-  return _run_local(model_dir, LOCAL_FLAGS + [f"--train_steps={RESUMED_STEPS}"])
+  # Closures of 10 steps: less to trace (the first run has the default).
+  return _run_local(model_dir, LOCAL_FLAGS + [f"--train_steps={RESUMED_STEPS}",
+                                              "--steps_per_closure=10"])
 
 
 def _check_finished(run: LocalRun, model_dir: str, train_steps: int) -> dict:

@@ -34,6 +34,7 @@ WORKER_GONE = policy.FailureKind.WORKER_GONE.value
 def _chief_flags(train_steps: int) -> list[str]:
   return [f"--experiment_params={cluster_helpers.SMALL_CTR}", "--mode=train",
           f"--train_steps={train_steps}", f"--steps_per_loop={cluster_helpers.STEPS_PER_LOOP}",
+          f"--steps_per_closure={cluster_helpers.STEPS_PER_CLOSURE}",
           f"--checkpoint_interval={cluster_helpers.CHECKPOINT_INTERVAL}", "--global_batch_size=128",
           f"--worker_timeout={WORKER_TIMEOUT}", f"--ps_timeout={PS_TIMEOUT}",
           # The coordinator gets this long to save after the supervisor's SIGTERM

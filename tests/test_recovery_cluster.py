@@ -35,6 +35,7 @@ def _chief_run(cluster: local.LocalCluster, model_dir: str, *, experiment: str =
   return cluster_helpers.ChiefRun(cluster, model_dir, [
       f"--experiment={experiment}", f"--experiment_params={params}", "--mode=train",
       "--train_steps=10000000", f"--steps_per_loop={cluster_helpers.STEPS_PER_LOOP}",
+      f"--steps_per_closure={cluster_helpers.STEPS_PER_CLOSURE}",
       f"--checkpoint_interval={cluster_helpers.CHECKPOINT_INTERVAL}", "--global_batch_size=128",
       f"--worker_timeout={WORKER_TIMEOUT}", "--grace_seconds=20"])
 
