@@ -103,6 +103,7 @@ _UNKNOWN_MESSAGE_CHARS = 160
 
 @dataclasses.dataclass
 class _Event:
+  task: str  # The task (or address) it was about: records of one task are related.
   last_shown: float
   suppressed: int = 0
 
@@ -171,7 +172,7 @@ class LogSummarizer:
 
   def _grpc_event(self, text: str, now: float) -> list[str]:
     found = _GRPC_CODE.search(text)
-    peer = _peer(text)
+    task, peer = _peer(text)
     reason = next((name for name, pattern in _REASONS if pattern.search(text)), "")
     if found:
       code = _GRPC_CODES[found.group(1)]
@@ -179,7 +180,7 @@ class LogSummarizer:
       # No status we know: an echo of the failure just reported for the same
       # peer (counted with it), or else shown with the start of its message,
       # so that a person can tell what it was.
-      recent = self._recent_event_of(peer, now)
+      recent = self._recent_event_of(task, now)
       if recent is not None:
         recent.suppressed += 1
         return []
@@ -193,18 +194,18 @@ class LogSummarizer:
       return []
     repeats = f" ({event.suppressed} similar in the last {now - event.last_shown:.0f}s)" \
         if event is not None and event.suppressed else ""
-    self._events[key] = _Event(last_shown=now)
+    self._events[key] = _Event(task=task, last_shown=now)
     detail = f": {reason}" if reason else ""
     return [f"grpc: {code} from {peer}{detail}{repeats}"]
 
-  def _recent_event_of(self, peer: str, now: float) -> _Event | None:
-    """The latest event shown for `peer`'s task within the quiet period, if any.
+  def _recent_event_of(self, task: str, now: float) -> _Event | None:
+    """The latest event shown for `task` within the quiet period, if any.
 
-    By task, since one record may give the task's address and the next not.
+    By task, not by the peer shown: one record may give the task's address
+    and the next not.
     """
-    task = _task_name(peer)
-    recent = [e for (_, p), e in self._events.items()
-              if _task_name(p) == task and now - e.last_shown < self._quiet]
+    recent = [e for e in self._events.values()
+              if e.task == task and now - e.last_shown < self._quiet]
     return max(recent, key=lambda e: e.last_shown, default=None)
 
 
@@ -214,25 +215,20 @@ def _from_tensorflow(header: re.Match) -> bool:
   return source.endswith((".cc", ".h")) or header.group("logger") == "tensorflow"
 
 
-def _peer(text: str) -> str:
-  """The task that failed: the deepest remote target named, else the first task.
+def _peer(text: str) -> tuple[str, str]:
+  """The task that failed, and how to show it (with its address when given).
 
-  TF nests errors: a worker's closure fails *because* a ps is gone, and the ps
-  is the last "remote target" in the chain. The address is added when given.
+  The task is the deepest remote target named, else the first task: TF nests
+  errors, a worker's closure fails *because* a ps is gone, and the ps is the
+  last "remote target" in the chain. Without a task, the address stands for it.
   """
   targets = _REMOTE_TARGET.findall(text)
-  task = _TASK.search(targets[-1] if targets else text)
+  named = _TASK.search(targets[-1] if targets else text)
   address = _ADDRESS.search(text)
-  name = f"{task.group(1)}:{task.group(2)}" if task else ""
+  name = f"{named.group(1)}:{named.group(2)}" if named else ""
   where = f"{address.group(1)}:{address.group(2)}" if address else ""
-  if name and where:
-    return f"{name} ({where})"
-  return name or where or "a peer"
-
-
-def _task_name(peer: str) -> str:
-  """"worker:1" of "worker:1 (127.0.0.1:5)"; an address-only peer is itself."""
-  return peer.split(" (", 1)[0]
+  task = name or where or "a peer"
+  return task, f"{name} ({where})" if name and where else task
 
 
 _IDLE_FLUSH_SECONDS = 0.5

@@ -7,6 +7,7 @@ tasks serving.
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -144,6 +145,8 @@ def test_tasks_die_when_the_parent_is_sigkilled_and_its_files_go_with_the_next_c
   parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
   try:
+    ready, _, _ = select.select([parent.stdout], [], [], 120)
+    assert ready, "the parent did not report its cluster within 120 s"
     work_dir, pids = json.loads(parent.stdout.readline())
     assert len(pids) == 2 and all(_alive(pid) for pid in pids)
     parent.send_signal(signal.SIGKILL)
