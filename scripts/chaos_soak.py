@@ -26,8 +26,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from cluster import processes
-from recovery import chaos
+from tfps.cluster import processes
+from tfps.recovery import chaos
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("runs", 6, "Chaos runs.")

@@ -10,11 +10,11 @@ log; its own log). Every wait is bounded and names what it waited for.
 import os
 from typing import Callable, Sequence
 
-from cluster import local
-from cluster import processes
-from cluster import spec as spec_lib
-from recovery import events as events_lib
-from recovery import progress as progress_lib
+from tfps.cluster import local
+from tfps.cluster import processes
+from tfps.cluster import spec as spec_lib
+from tfps.recovery import events as events_lib
+from tfps.recovery import progress as progress_lib
 
 # The small ctr the fault tests train.
 SMALL_CTR = "vocab_sizes=3000:2000:1000,embedding_dim=8,hidden=32:16,eval_examples=2048"

@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from cluster import hosts
-from cluster import local
+from tfps.cluster import hosts
+from tfps.cluster import local
 
 import cluster_helpers
 

@@ -14,8 +14,8 @@ import time
 
 import tensorflow as tf
 
-from coordinator import ctr
-from coordinator import experiment as experiment_lib
+from tfps.coordinator import ctr
+from tfps.coordinator import experiment as experiment_lib
 
 
 def _split(context, *keys):

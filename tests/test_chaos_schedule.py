@@ -2,9 +2,9 @@
 
 import pytest
 
-from cluster import spec as spec_lib
-from recovery import chaos
-from recovery import errors
+from tfps.cluster import spec as spec_lib
+from tfps.recovery import chaos
+from tfps.recovery import errors
 
 CLUSTER = spec_lib.ClusterSpec.from_dict({
     "chief": ["c:1"], "ps": ["p:1", "p:2"], "worker": ["w:1", "w:2"]})
@@ -78,7 +78,7 @@ def test_report():
 
 
 def _record(step, time, restored=False):
-  from recovery import progress
+  from tfps.recovery import progress
   return progress.Progress(step, time, restored)
 
 

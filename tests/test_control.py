@@ -7,8 +7,8 @@ import grpc
 import portpicker
 import pytest
 
-from cluster import spec as spec_lib
-from recovery import control
+from tfps.cluster import spec as spec_lib
+from tfps.recovery import control
 
 
 @pytest.fixture

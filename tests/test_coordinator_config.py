@@ -6,12 +6,12 @@ import math
 import pytest
 import tensorflow as tf
 
-from cluster import spec as spec_lib
-from coordinator import chief
-from coordinator import datasets
-from coordinator import progress
-from coordinator import trainer as trainer_lib
-from recovery import errors
+from tfps.cluster import spec as spec_lib
+from tfps.coordinator import chief
+from tfps.coordinator import datasets
+from tfps.coordinator import progress
+from tfps.coordinator import trainer as trainer_lib
+from tfps.recovery import errors
 
 # Nothing listens here: every case below must fail before connecting.
 _CLUSTER = spec_lib.ClusterSpec.from_dict(
@@ -44,7 +44,7 @@ def test_config_rejects_non_positive_integers(tmp_path, field, value):
     ({"ps_timeout": "10"}, "ps_timeout ('10') must be positive seconds"),
     ({"model_dir": ""}, "model_dir ('') must be a directory path"),
     ({"experiment": " "}, "experiment (' ') must be a name or package.module:factory"),
-    ({"cluster": {"ps": ["h:1"]}}, "cluster (dict) must be a cluster.spec.ClusterSpec"),
+    ({"cluster": {"ps": ["h:1"]}}, "cluster (dict) must be a tfps.cluster.spec.ClusterSpec"),
     ({"experiment_params": {"a": 1}}, "experiment_params ({'a': 1}) must map strings to strings"),
 ])
 def test_config_rejects_bad_values_naming_field_and_value(tmp_path, overrides, message):

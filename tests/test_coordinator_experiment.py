@@ -8,9 +8,9 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from coordinator import checkpoints
-from coordinator import experiment as experiment_lib
-from recovery import errors
+from tfps.coordinator import checkpoints
+from tfps.coordinator import experiment as experiment_lib
+from tfps.recovery import errors
 
 
 class _Trainer(orbit.AbstractTrainer):
@@ -33,7 +33,7 @@ def _experiment(**overrides):
 
 
 def test_builtin_ctr_loads():
-  from coordinator import ctr
+  from tfps.coordinator import ctr
   assert experiment_lib.load_factory("ctr") is ctr.factory
 
 
@@ -93,7 +93,7 @@ def test_factory_returning_wrong_type_is_a_usage_error():
     experiment_lib.build(lambda context: {"trainer": 1}, _context(), name="f",
                          partitioned=False)
   assert str(e.value) == ("experiment factory 'f' returned dict, "
-                          "expected coordinator.experiment.Experiment")
+                          "expected tfps.Experiment")
 
 
 def test_factory_runs_in_strategy_scope_and_gets_context():

@@ -15,20 +15,20 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from cluster import inprocess
-from coordinator import chief
-from coordinator import ctr
-from coordinator import datasets
-from coordinator import evaluator as evaluator_lib
-from coordinator import experiment as experiment_lib
-from coordinator import loop_guard
-from coordinator import ps_state
-from coordinator import pull_push
-from coordinator import strategy as strategy_lib
-from coordinator import trainer as trainer_lib
-from recovery import errors
-from recovery import interrupts as interrupts_lib
-from recovery import progress as progress_log
+from tfps.cluster import inprocess
+from tfps.coordinator import chief
+from tfps.coordinator import ctr
+from tfps.coordinator import datasets
+from tfps.coordinator import evaluator as evaluator_lib
+from tfps.coordinator import experiment as experiment_lib
+from tfps.coordinator import loop_guard
+from tfps.coordinator import ps_state
+from tfps.coordinator import pull_push
+from tfps.coordinator import strategy as strategy_lib
+from tfps.coordinator import trainer as trainer_lib
+from tfps.recovery import errors
+from tfps.recovery import interrupts as interrupts_lib
+from tfps.recovery import progress as progress_log
 
 NUM_PS, NUM_WORKERS = 2, 2
 SMALL_CTR = {"vocab_sizes": "3000:2000:1000", "embedding_dim": "8", "hidden": "32:16",
@@ -126,7 +126,7 @@ def plain_factory(context):
   model, optimizer, step, trainer = _linear_parts()
   ex, ey = _separable(500, seed=1)
   evaluator = LinearEvaluator(model, tf.data.Dataset.from_tensor_slices((ex, ey)).batch(64))
-  from coordinator import experiment
+  from tfps.coordinator import experiment
   return experiment.Experiment(trainer=trainer, evaluator=evaluator,
                                checkpoint_items={"model": model, "optimizer": optimizer},
                                global_step=step)

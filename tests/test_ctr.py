@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from coordinator import ctr
-from recovery import errors
+from tfps.coordinator import ctr
+from tfps.recovery import errors
 
 
 def test_params_parse_and_validate():

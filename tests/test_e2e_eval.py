@@ -30,7 +30,7 @@ import threading
 
 import pytest
 
-from cluster import processes
+from tfps.cluster import processes
 
 pytestmark = pytest.mark.cluster
 
@@ -53,11 +53,11 @@ CLIENT = textwrap.dedent(f'''
     import tensorflow as tf
     import tf_keras
 
-    from cluster import spec as spec_lib
-    from coordinator import ctr
-    from coordinator import evaluator as evaluator_lib
-    from coordinator import strategy as strategy_lib
-    from coordinator import trainer as trainer_lib
+    from tfps.cluster import spec as spec_lib
+    from tfps.coordinator import ctr
+    from tfps.coordinator import evaluator as evaluator_lib
+    from tfps.coordinator import strategy as strategy_lib
+    from tfps.coordinator import trainer as trainer_lib
 
 
     def say(**fields):

@@ -22,9 +22,9 @@ import time
 
 import pytest
 
-from cluster import local
-from cluster import processes
-from cluster import spec as spec_lib
+from tfps.cluster import local
+from tfps.cluster import processes
+from tfps.cluster import spec as spec_lib
 
 pytestmark = pytest.mark.cluster
 
@@ -46,7 +46,7 @@ PROMPT_SECONDS = 90
 # Measured through this command line (200 steps of batch 512, seed 0, 1 ps,
 # 2 workers): AUC 0.7793, 0.7800, 0.7791, 0.7799 in four runs (asynchronous
 # training varies a little); 0.601 after a single step. The dense features
-# alone allow 0.74 and the hidden true model 0.845 (coordinator/ctr.py), so
+# alone allow 0.74 and the hidden true model 0.845 (tfps/coordinator/ctr.py), so
 # above 0.76 the model has learnt from the categorical embeddings as well.
 MIN_AUC = 0.76
 # Predicting the 35% click rate everywhere gives a log loss of 0.65.
@@ -293,7 +293,7 @@ FACTORIES = textwrap.dedent('''
     import tensorflow as tf
     import tf_keras
 
-    from coordinator import experiment
+    from tfps.coordinator import experiment
 
 
     def raises(context):
@@ -407,7 +407,7 @@ def _check_given_up_at_once(run: Finished, model_dir: str, failure: str) -> None
      "the factory failed on purpose"),
     (["--experiment=e2e_factories:wrong_type"], 2,
      "experiment factory 'e2e_factories:wrong_type' returned dict, "
-     "expected coordinator.experiment.Experiment"),
+     "expected tfps.Experiment"),
     (["--train_steps=-1"], 2, "train_steps (-1) must be a positive integer"),
 ], ids=["unknown_experiment", "factory_raises", "factory_wrong_type", "negative_train_steps"])
 def test_chief_bad_input_is_one_line_and_permanent(cluster, factories_dir, tmp_path,

@@ -5,11 +5,11 @@ import threading
 
 import pytest
 
-from cluster import processes
+from tfps.cluster import processes
 
-from recovery import control
-from recovery import interrupts
-from recovery import signals
+from tfps.recovery import control
+from tfps.recovery import interrupts
+from tfps.recovery import signals
 
 
 def test_a_notice_waits_for_the_loop_to_save_and_gets_the_step():

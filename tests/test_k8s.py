@@ -11,8 +11,8 @@ import json
 import pytest
 import yaml
 
-from cluster import k8s
-from recovery import errors
+from tfps.cluster import k8s
+from tfps.recovery import errors
 
 kubernetes = pytest.importorskip("kubernetes")
 

@@ -15,11 +15,11 @@ import textwrap
 
 import pytest
 
-from cluster import local
-from cluster import processes
-from cluster import readiness
-from cluster import spec as spec_lib
-from recovery import errors
+from tfps.cluster import local
+from tfps.cluster import processes
+from tfps.cluster import readiness
+from tfps.cluster import spec as spec_lib
+from tfps.recovery import errors
 
 pytestmark = pytest.mark.cluster
 
@@ -133,7 +133,7 @@ def _netns_inode(pid: str) -> int | None:
 
 PARENT = textwrap.dedent("""
     import json, sys, time
-    from cluster import local
+    from tfps.cluster import local
     cluster = local.LocalCluster(local.LocalClusterConfig(num_ps=1, num_workers=1))
     cluster.start()
     print(json.dumps([cluster.work_dir, [h.pid for h in cluster.tasks.values()]]), flush=True)

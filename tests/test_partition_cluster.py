@@ -18,7 +18,7 @@ import os
 
 import pytest
 
-from recovery import policy
+from tfps.recovery import policy
 
 import cluster_helpers
 

@@ -8,11 +8,11 @@ import textwrap
 
 import pytest
 
-from cluster import processes
+from tfps.cluster import processes
 
 PARENT = textwrap.dedent("""
     import sys, time
-    from cluster import processes
+    from tfps.cluster import processes
     child = processes.spawn([sys.executable, "-c", "import time; time.sleep(300)"])
     print(child.pid, flush=True)
     time.sleep(300)

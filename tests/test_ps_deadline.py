@@ -4,10 +4,10 @@ import threading
 
 import pytest
 
-from cluster import spec as spec_lib
-from coordinator import ps_deadline
-from recovery import errors
-from recovery import overdue as overdue_lib
+from tfps.cluster import spec as spec_lib
+from tfps.coordinator import ps_deadline
+from tfps.recovery import errors
+from tfps.recovery import overdue as overdue_lib
 
 CLUSTER = spec_lib.ClusterSpec.from_dict({
     "chief": ["10.213.0.2:2222"], "ps": ["10.213.0.3:2222", "10.213.0.4:2222"],

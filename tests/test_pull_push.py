@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from coordinator import pull_push
-from recovery import errors
+from tfps.coordinator import pull_push
+from tfps.recovery import errors
 
 IDS = tf.constant([[3, 3, 7], [0, 7, 49]], tf.int64)  # Duplicates, and the last row.
 

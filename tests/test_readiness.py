@@ -7,8 +7,8 @@ import grpc
 import portpicker
 import pytest
 
-from cluster import readiness
-from cluster import spec as spec_lib
+from tfps.cluster import readiness
+from tfps.cluster import spec as spec_lib
 
 
 @pytest.fixture

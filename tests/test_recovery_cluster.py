@@ -16,9 +16,9 @@ import tempfile
 
 import pytest
 
-from cluster import local
-from cluster import processes
-from recovery import policy
+from tfps.cluster import local
+from tfps.cluster import processes
+from tfps.recovery import policy
 
 import cluster_helpers
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from recovery import events
-from recovery import policy
+from tfps.recovery import events
+from tfps.recovery import policy
 
 Kind = policy.FailureKind
 Action = policy.Action
@@ -80,7 +80,7 @@ def test_event_kind_is_validated():
 
 
 def test_progress_log_reads_incrementally_and_skips_a_partial_line(tmp_path):
-  from recovery import progress
+  from tfps.recovery import progress
   writer, reader = progress.ProgressLog(str(tmp_path)), progress.ProgressLog(str(tmp_path))
   assert reader.read_new() == []
   writer.append(100, now=1.0)

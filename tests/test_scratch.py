@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from cluster import scratch
+from tfps.cluster import scratch
 
 
 def test_names_of_dead_owners_are_stale_and_nothing_else():
@@ -43,7 +43,7 @@ def test_a_prefix_must_end_with_a_dash(tmp_path):
 # (AutoGraph's removal of its files among them) never run.
 _LEAVES_WITH_OS_EXIT = """
 import os, sys, tempfile
-from cluster import scratch
+from tfps.cluster import scratch
 temp = scratch.use_for_temporary_files("tfps-test-")
 with tempfile.NamedTemporaryFile(suffix=".py", delete=False) as f:
   print(f.name, flush=True)

@@ -3,9 +3,9 @@
 import pytest
 import tensorflow as tf
 
-from cluster import spec as spec_lib
-from ps_worker import server
-from recovery import errors
+from tfps.cluster import spec as spec_lib
+from tfps.ps_worker import server
+from tfps.recovery import errors
 
 CLUSTER = spec_lib.ClusterSpec.from_dict({
     "chief": ["localhost:1001"], "ps": ["localhost:1002"],

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from cluster import spec as spec_lib
-from recovery import errors
+from tfps.cluster import spec as spec_lib
+from tfps.recovery import errors
 
 JobType = spec_lib.JobType
 TaskId = spec_lib.TaskId

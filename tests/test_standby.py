@@ -7,14 +7,14 @@ import signal
 import sys
 import textwrap
 
-from cluster import processes
-from recovery import signals
-from recovery import standby
+from tfps.cluster import processes
+from tfps.recovery import signals
+from tfps.recovery import standby
 
 # Stands in for `tfps run --nosupervise`: says which workers it would leave out.
 _COORDINATOR = textwrap.dedent("""
     import json, os, sys
-    from recovery import signals, standby
+    from tfps.recovery import signals, standby
     excluded = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--exclude_workers=")]
     if os.environ.get(standby.ENV_VAR):
       go = standby.wait_for_go(signals.StopSignals.install(), sys.stdin)
@@ -105,7 +105,7 @@ def test_wait_for_go_ends_on_end_of_file_or_a_stop_signal():
 # waits to be killed.
 _LITTERING_COORDINATOR = textwrap.dedent("""
     import tempfile, time
-    from cluster import scratch
+    from tfps.cluster import scratch
     scratch.use_for_temporary_files("tfps-coordinator-")
     with tempfile.NamedTemporaryFile(suffix=".py", delete=False) as f:
       print(f.name, flush=True)

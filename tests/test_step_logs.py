@@ -3,8 +3,8 @@
 import pytest
 import tensorflow as tf
 
-from coordinator import step_logs
-from recovery import errors
+from tfps.coordinator import step_logs
+from tfps.recovery import errors
 
 
 def test_loop_means_weigh_each_closure_by_its_steps():

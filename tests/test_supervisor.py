@@ -13,12 +13,12 @@ import threading
 
 import pytest
 
-from recovery import errors
-from recovery import events
-from recovery import exit_report
-from recovery import policy
-from recovery import signals
-from recovery import supervisor
+from tfps.recovery import errors
+from tfps.recovery import events
+from tfps.recovery import exit_report
+from tfps.recovery import policy
+from tfps.recovery import signals
+from tfps.recovery import supervisor
 
 Kind = policy.FailureKind
 
@@ -108,7 +108,7 @@ def test_permanent_exit_is_not_retried(tmp_path, code, exit_code):
 
 def test_the_coordinators_exit_report_names_the_permanent_failure(tmp_path):
   report_path = str(tmp_path / "exit.json")
-  reporter = ("import sys; from recovery import exit_report; "
+  reporter = ("import sys; from tfps.recovery import exit_report; "
               "exit_report.write('nan_loss', 'loss is nan at step 7'); sys.exit(1)")
   started = []
 
@@ -195,7 +195,7 @@ waiting_on_the_network()
 
 
 def test_a_coordinator_past_the_ps_deadline_is_killed_after_its_stacks_as_a_ps_loss(tmp_path):
-  from cluster import spec as spec_lib
+  from tfps.cluster import spec as spec_lib
   ps0 = spec_lib.TaskId(spec_lib.JobType.PS, 0)
   harness = Harness([None, 0])
   stderr_path = tmp_path / "stuck.stderr"
@@ -233,7 +233,7 @@ def test_a_coordinator_past_the_ps_deadline_is_killed_after_its_stacks_as_a_ps_l
 
 
 def test_a_ps_that_answers_again_in_time_is_not_a_loss(tmp_path):
-  from cluster import spec as spec_lib
+  from tfps.cluster import spec as spec_lib
   ps0 = spec_lib.TaskId(spec_lib.JobType.PS, 0)
   harness = Harness(["wait", 0])
   answers = iter([set(), set(), {ps0}, set(), set(), {ps0}])  # Blips, never 5 s long.
@@ -259,8 +259,8 @@ def test_a_ps_that_answers_again_in_time_is_not_a_loss(tmp_path):
 
 
 def test_worker_gone_then_back_restarts_the_coordinator_without_then_with_it(tmp_path):
-  from cluster import spec as spec_lib
-  from recovery import worker_watch
+  from tfps.cluster import spec as spec_lib
+  from tfps.recovery import worker_watch
   w0, w1 = (spec_lib.TaskId(spec_lib.JobType.WORKER, i) for i in range(2))
   harness = Harness(["wait", "wait", 0])
   exclusions = []

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from cluster import hosts
-from cluster import processes
+from tfps.cluster import hosts
+from tfps.cluster import processes
 
 
 @pytest.fixture(scope="module")

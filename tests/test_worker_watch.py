@@ -2,8 +2,8 @@
 
 import pytest
 
-from cluster import spec as spec_lib
-from recovery import worker_watch
+from tfps.cluster import spec as spec_lib
+from tfps.recovery import worker_watch
 
 W = [spec_lib.TaskId(spec_lib.JobType.WORKER, i) for i in range(3)]
 GONE, BACK = worker_watch.Change.GONE, worker_watch.Change.BACK

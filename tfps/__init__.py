@@ -1,1 +1,55 @@
-"""The command-line edge: flags and subcommands of the `tfps` binary."""
+"""tfps: fault-tolerant parameter-server training for TensorFlow.
+
+The user API, importable from `tfps` itself:
+
+    from tfps import Experiment, ExperimentContext
+
+* `Experiment`, `ExperimentContext`: what an experiment factory returns and receives
+  (`tfps.coordinator.experiment`).
+* `pull`, `Pulled`, `DeduplicateOnDevice`: one transfer per ps for a step's rows and
+  weights (`tfps.coordinator.pull_push`).
+* `TfpsError`, `UsageError`, `PermanentError`, `NonFiniteLossError`,
+  `BadCheckpointError`, `RetryableError`, `Preempted`, `ExitCode`: the error types and
+  exit codes (`tfps.recovery.errors`).
+
+The parts, one package per concern: `tfps.cluster` (who is in the job and where),
+`tfps.ps_worker` (the server side of a ps or worker), `tfps.coordinator` (the chief's
+training program), `tfps.recovery` (what happens when something fails). The names
+above are loaded on first use: `import tfps` alone does not import TensorFlow, so the
+command line stays quick to answer.
+"""
+
+import importlib
+from typing import Any
+
+# Exported name -> the module that defines it.
+_EXPORTS = {
+    "Experiment": "tfps.coordinator.experiment",
+    "ExperimentContext": "tfps.coordinator.experiment",
+    "pull": "tfps.coordinator.pull_push",
+    "Pulled": "tfps.coordinator.pull_push",
+    "DeduplicateOnDevice": "tfps.coordinator.pull_push",
+    "TfpsError": "tfps.recovery.errors",
+    "UsageError": "tfps.recovery.errors",
+    "PermanentError": "tfps.recovery.errors",
+    "NonFiniteLossError": "tfps.recovery.errors",
+    "BadCheckpointError": "tfps.recovery.errors",
+    "RetryableError": "tfps.recovery.errors",
+    "Preempted": "tfps.recovery.errors",
+    "ExitCode": "tfps.recovery.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+  module = _EXPORTS.get(name)
+  if module is None:
+    raise AttributeError(f"module 'tfps' has no attribute {name!r}")
+  value = getattr(importlib.import_module(module), name)
+  globals()[name] = value  # Looked up once.
+  return value
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(_EXPORTS))

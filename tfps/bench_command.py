@@ -24,10 +24,10 @@ import time
 
 from absl import logging
 
-from cluster import local
-from cluster import processes
-from recovery import errors
-from recovery import signals
+from tfps.cluster import local
+from tfps.cluster import processes
+from tfps.recovery import errors
+from tfps.recovery import signals
 from tfps.bench import config as config_lib
 from tfps.bench import report
 

@@ -23,12 +23,12 @@ import time
 
 from absl import logging
 
-from cluster import local
-from recovery import chaos
-from recovery import errors
-from recovery import log_summary
-from recovery import progress as progress_lib
-from recovery import signals
+from tfps.cluster import local
+from tfps.recovery import chaos
+from tfps.recovery import errors
+from tfps.recovery import log_summary
+from tfps.recovery import progress as progress_lib
+from tfps.recovery import signals
 from tfps import local_command
 from tfps import orchestrator
 

@@ -18,8 +18,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from coordinator import api
-from recovery import errors
+from tfps.coordinator import api
+from tfps.recovery import errors
 
 FLAGS = flags.FLAGS
 COMMANDS = ("run", "local", "chaos", "k8s", "bench")

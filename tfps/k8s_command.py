@@ -4,8 +4,8 @@ import sys
 
 import yaml
 
-from cluster import k8s
-from recovery import errors
+from tfps.cluster import k8s
+from tfps.recovery import errors
 
 # `tfps run` flags passed through to every replica when set.
 _FORWARDED = ("experiment", "train_steps", "steps_per_loop", "steps_per_closure",

@@ -16,10 +16,10 @@ import tempfile
 
 from absl import logging
 
-from cluster import hosts
-from cluster import local
-from recovery import errors
-from recovery import signals
+from tfps.cluster import hosts
+from tfps.cluster import local
+from tfps.recovery import errors
+from tfps.recovery import signals
 from tfps import orchestrator
 from tfps import run_command
 

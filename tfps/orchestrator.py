@@ -13,10 +13,10 @@ import signal
 
 from absl import logging
 
-from cluster import local
-from cluster import spec as spec_lib
-from recovery import errors
-from recovery import signals
+from tfps.cluster import local
+from tfps.cluster import spec as spec_lib
+from tfps.recovery import errors
+from tfps.recovery import signals
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,23 +12,23 @@ import traceback
 
 from absl import logging
 
-from cluster import readiness
-from cluster import scratch as scratch_lib
-from cluster import spec as spec_lib
-from coordinator import api
-from recovery import control
-from recovery import errors
-from recovery import events
-from recovery import exit_report
-from recovery import interrupts
-from recovery import policy
-from recovery import progress
-from recovery import standby
-from recovery import supervisor
-from recovery import worker_watch
+from tfps.cluster import readiness
+from tfps.cluster import scratch as scratch_lib
+from tfps.cluster import spec as spec_lib
+from tfps.coordinator import api
+from tfps.recovery import control
+from tfps.recovery import errors
+from tfps.recovery import events
+from tfps.recovery import exit_report
+from tfps.recovery import interrupts
+from tfps.recovery import policy
+from tfps.recovery import progress
+from tfps.recovery import standby
+from tfps.recovery import supervisor
+from tfps.recovery import worker_watch
 
-from recovery import log_summary
-from recovery import signals
+from tfps.recovery import log_summary
+from tfps.recovery import signals
 
 # One round of probing the ps and workers (worker watch, ps deadline).
 _PROBE_SECONDS = 1.0
@@ -53,7 +53,7 @@ def task_config_from_flags(flags) -> spec_lib.TaskConfig:
 
 
 def run(flags) -> errors.ExitCode:
-  from ps_worker import server  # Installs nothing on import; cheap.
+  from tfps.ps_worker import server  # Installs nothing on import; cheap.
 
   stop = signals.StopSignals.install()
   config = task_config_from_flags(flags)  # Bad spec: UsageError, before TF loads.
@@ -100,7 +100,7 @@ def run(flags) -> errors.ExitCode:
 
 def _stand_by(stop) -> standby.Go | None:
   """A warm standby: imports what a coordinator needs, then waits for its turn."""
-  importlib.import_module("coordinator.chief")  # TensorFlow, tf_keras, Orbit: seconds.
+  importlib.import_module("tfps.coordinator.chief")  # TensorFlow, tf_keras, Orbit: seconds.
   logging.info("warm standby coordinator ready (pid %d)", os.getpid())
   return standby.wait_for_go(stop, sys.stdin)
 
@@ -304,7 +304,7 @@ def _run_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCode:
   cluster = config.cluster.for_coordinator().without_workers(
       spec_lib.TaskId.parse(name) for name in flags.exclude_workers)
   settings = chief_config(flags, cluster, flags.model_dir)  # Bad flags: before TF loads.
-  from coordinator import chief  # Imports TensorFlow (seconds).
+  from tfps.coordinator import chief  # Imports TensorFlow (seconds).
 
   result = chief.run_chief(settings, interrupts=interrupts.Interrupts(stop))
   sys.stdout.write(json.dumps(result.as_dict()) + "\n")

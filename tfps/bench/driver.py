@@ -26,8 +26,8 @@ import time
 
 from absl import logging
 
-from cluster import scratch
-from cluster import spec as spec_lib
+from tfps.cluster import scratch
+from tfps.cluster import spec as spec_lib
 from tfps.bench import config as config_lib
 from tfps.bench import cpu as cpu_lib
 
@@ -105,7 +105,7 @@ def _load() -> str:
 
 
 def run(spec_path: str, config: config_lib.BenchConfig) -> dict:
-  from coordinator import strategy as strategy_lib
+  from tfps.coordinator import strategy as strategy_lib
   from tfps.bench import patterns
   cluster = spec_lib.from_json_file(spec_path, job_name="chief", task_index=0).cluster
   tfps_runtime = strategy_lib.connect(cluster, ready_timeout=120.0,
@@ -115,7 +115,7 @@ def run(spec_path: str, config: config_lib.BenchConfig) -> dict:
   runtimes = {Variant.TFPS: tfps_runtime,
               **{v: patterns.stock_runtime(cluster, b) for v, b in shard_bytes.items()}}
   meter = cpu_lib.CpuMeter(spec_path)
-  from coordinator import trainer as trainer_lib
+  from tfps.coordinator import trainer as trainer_lib
   out = {"sizes": {}, "setup": {
       **{v.value: {"min_shard_bytes": b} for v, b in shard_bytes.items()},
       "tfps": {"min_shard_bytes": config.tfps_min_shard_bytes,
@@ -141,7 +141,7 @@ def main(argv: list[str]) -> int:
   if len(argv) != 4:
     sys.stderr.write("usage: python -m tfps.bench.driver SPEC_FILE CONFIG_FILE OUT_FILE\n")
     return 2
-  from recovery import log_summary
+  from tfps.recovery import log_summary
   logging.use_absl_handler()
   logging.set_verbosity(logging.INFO)
   log_summary.install_stderr_filter()

@@ -34,12 +34,12 @@ import orbit
 import tensorflow as tf
 import tf_keras
 
-from cluster import spec as spec_lib
-from coordinator import ctr
-from coordinator import evaluator as evaluator_lib
-from coordinator import experiment as experiment_lib
-from coordinator import strategy as strategy_lib
-from coordinator import trainer as trainer_lib
+from tfps.cluster import spec as spec_lib
+from tfps.coordinator import ctr
+from tfps.coordinator import evaluator as evaluator_lib
+from tfps.coordinator import experiment as experiment_lib
+from tfps.coordinator import strategy as strategy_lib
+from tfps.coordinator import trainer as trainer_lib
 
 
 class ScheduleTimer:

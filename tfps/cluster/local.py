@@ -1,0 +1,350 @@
+"""A whole cluster as local OS processes: what `tfps local`, chaos and tests run.
+
+Each task is its own process running `python -m tfps run` — the same path
+users run on real machines — on a portpicker port, by default inside a
+private network namespace (see `netns`) so no other host can reach it.
+
+Lifecycle: `start()` launches every ps and worker and waits (with a deadline)
+until each answers on gRPC; `close()` ends every process it ever started.
+Processes also die with their parent: each has a parent-death signal and its
+own process group (see `processes`). Use as a context manager.
+
+Guarantees: a restarted task comes back at the **same address**; `kill`,
+`pause` and `resume` send real signals; nothing here sleeps without a
+deadline.
+"""
+
+import atexit
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+from typing import Sequence
+
+import portpicker
+from absl import logging
+
+from tfps.cluster import hosts as hosts_lib
+from tfps.cluster import netns
+from tfps.cluster import processes
+from tfps.cluster import readiness
+from tfps.cluster import scratch
+from tfps.cluster import spec as spec_lib
+from tfps.recovery import errors
+
+JobType = spec_lib.JobType
+# On virtual hosts every task listens on the same port, as on separate VMs.
+_NETNS_PORT = 2222
+TaskId = spec_lib.TaskId
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LocalClusterConfig:
+  """Shape and behaviour of a local cluster.
+
+  Attributes:
+    num_ps: parameter servers (>= 1).
+    num_workers: workers (>= 1).
+    work_dir: where the spec file and per-task logs go; default a temp dir.
+    isolate_network: run in a private network namespace when possible.
+    hosts: "loopback" (every task on one private loopback) or "netns" (every
+      task on its own virtual host with its own address, see `hosts`).
+    ready_timeout: seconds to wait for every task to answer after a start.
+    task_flags: extra flags for every ps/worker `tfps run`.
+  """
+
+  num_ps: int = 2
+  num_workers: int = 2
+  work_dir: str | None = None
+  isolate_network: bool = True
+  hosts: str = "loopback"
+  ready_timeout: float = 90.0
+  task_flags: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    for field in ("num_ps", "num_workers"):
+      value = getattr(self, field)
+      if not isinstance(value, int) or value < 1:
+        raise errors.UsageError(f"{field} ({value!r}) must be a positive integer")
+    if self.hosts not in ("loopback", "netns"):
+      raise errors.UsageError(f"hosts ({self.hosts!r}) must be loopback or netns")
+    if self.hosts == "netns" and (reason := hosts_lib.unavailable()) is not None:
+      raise errors.UsageError(f"hosts (netns): {reason}")
+    if self.ready_timeout <= 0:
+      raise errors.UsageError(f"ready_timeout ({self.ready_timeout}) must be positive")
+
+
+class TaskHandle:
+  """One task's process. Its address never changes across restarts."""
+
+  def __init__(self, cluster: "LocalCluster", task: TaskId, argv: Sequence[str],
+               stdout_path: str | None = None, stderr_to_parent: bool = False):
+    self.task = task
+    self._cluster = cluster
+    self._argv = list(argv)
+    self._stdout_path = stdout_path
+    self._stderr_to_parent = stderr_to_parent
+    self._process: subprocess.Popen | None = None
+    self.starts = 0
+
+  @property
+  def address(self) -> str:
+    return self._cluster.spec.address(self.task)
+
+  @property
+  def log_path(self) -> str:
+    return os.path.join(self._cluster.log_dir, f"{self.task.job.value}-{self.task.index}.log")
+
+  @property
+  def pid(self) -> int | None:
+    return self._process.pid if self._process else None
+
+  @property
+  def alive(self) -> bool:
+    return self._process is not None and self._process.poll() is None
+
+  @property
+  def returncode(self) -> int | None:
+    return self._process.poll() if self._process else None
+
+  def start(self) -> None:
+    if self.alive:
+      raise RuntimeError(f"{self.task} is already running (pid {self.pid})")
+    with open(self.log_path, "a", encoding="utf-8") as log, (
+        open(self._stdout_path, "a", encoding="utf-8") if self._stdout_path
+        else contextlib.nullcontext()) as out:
+      log.write(f"--- start #{self.starts + 1} of {self.task}: {' '.join(self._argv)}\n")
+      log.flush()
+      self._process = self._cluster.spawn(
+          self._argv, task=self.task, stdout=out if out is not None else log,
+          stderr=None if self._stderr_to_parent else log)
+    self.starts += 1
+
+  def kill(self, sig: int = signal.SIGKILL) -> None:
+    """Sends `sig` to the task's process group (a real signal)."""
+    if self._process is not None:
+      processes.signal_group(self._process, sig)
+
+  def pause(self) -> None:
+    """Freezes the whole task, children in their own sessions included."""
+    if self._process is not None:
+      processes.signal_tree(self._process, signal.SIGSTOP)
+
+  def resume(self) -> None:
+    if self._process is not None:
+      processes.signal_tree(self._process, signal.SIGCONT)
+
+  def wait(self, timeout: float) -> int:
+    """Waits for the process to exit; returns its exit code (-N: signal N)."""
+    if self._process is None:
+      raise RuntimeError(f"{self.task} was never started")
+    try:
+      return processes.wait_for_exit(self._process, timeout)
+    except TimeoutError as e:
+      raise TimeoutError(f"{self.task}: {e}; see {self.log_path}") from None
+
+  def stop(self, grace: float = 5.0) -> int | None:
+    """SIGTERM, then SIGKILL after `grace` s; returns the exit code."""
+    if self._process is None:
+      return None
+    return processes.stop_group(self._process, grace=grace)
+
+  def restart(self, *, wait_ready: bool = True, timeout: float | None = None) -> None:
+    """Kills the task if it runs (SIGKILL), starts it again at the same address."""
+    if self.alive:
+      self.kill(signal.SIGKILL)
+      self.wait(timeout=10.0)
+    self.start()
+    if wait_ready:
+      self._cluster.wait_ready([self.task], timeout)
+
+
+class LocalCluster:
+  """ps + worker processes on loopback (see the module docstring)."""
+
+  def __init__(self, config: LocalClusterConfig = LocalClusterConfig()):
+    self.config = config
+    self._temp_dir = None
+    if config.work_dir is None:
+      # Removed by close(), or by a later cluster's sweep if this process is killed.
+      self._temp_dir = scratch.ScratchDir("tfps-local-")
+    self.work_dir = config.work_dir or self._temp_dir.path
+    self.log_dir = os.path.join(self.work_dir, "logs")
+    self.network: netns.PrivateNetwork | None = None
+    self.virtual_hosts: hosts_lib.VirtualHosts | None = None
+    if config.hosts == "netns":
+      # Like separate VMs: every task on its own host, all on the same port.
+      ips = iter(hosts_lib.VirtualHosts.ips(1 + config.num_ps + config.num_workers))
+      take = lambda n: [f"{next(ips)}:{_NETNS_PORT}" for _ in range(n)]
+      jobs = {"chief": take(1), "ps": take(config.num_ps), "worker": take(config.num_workers)}
+    else:
+      jobs = {"chief": [_chief_address()], "ps": _addresses(config.num_ps),
+              "worker": _addresses(config.num_workers)}
+    self.spec = spec_lib.ClusterSpec.from_dict(jobs)
+    self._host_of = {task: i for i, task in enumerate(self.spec.tasks())}
+    self.spec_file = os.path.join(self.work_dir, "cluster.json")
+    self.tasks: dict[TaskId, TaskHandle] = {}
+    self._closed = False
+
+  # -- lifecycle -----------------------------------------------------------------
+
+  def start(self) -> "LocalCluster":
+    os.makedirs(self.log_dir, exist_ok=True)
+    with open(self.spec_file, "w", encoding="utf-8") as f:
+      json.dump({"cluster": self.spec.as_dict()}, f)
+    atexit.register(self.close)
+    if self.config.hosts == "netns":
+      self.virtual_hosts = hosts_lib.VirtualHosts(len(self._host_of))
+    elif self.config.isolate_network:
+      self.network = netns.PrivateNetwork.create()
+    try:
+      for task in self.spec.tasks():
+        if task.job == JobType.CHIEF:
+          continue
+        handle = TaskHandle(self, task, self.task_argv(task, self.config.task_flags))
+        self.tasks[task] = handle
+        handle.start()
+      self.wait_ready()
+    except BaseException:
+      self.close()
+      raise
+    logging.info("local cluster up: %d ps, %d workers (%s); logs in %s",
+                 self.config.num_ps, self.config.num_workers,
+                 "private network" if self.isolated else "HOST network", self.log_dir)
+    return self
+
+  def __enter__(self) -> "LocalCluster":
+    return self.start()
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  def close(self) -> None:
+    """Ends every process this cluster started; idempotent."""
+    if self._closed:
+      return
+    self._closed = True
+    atexit.unregister(self.close)
+    # The chief first: ps/workers stopped under a live chief would warn it and
+    # wait for a checkpoint save.
+    for handle in sorted(self.tasks.values(), key=lambda h: h.task.job != JobType.CHIEF):
+      handle.stop(grace=3.0)
+    if self.network is not None:
+      self.network.close()
+    if self.virtual_hosts is not None:
+      self.virtual_hosts.close()
+    if self._temp_dir is not None:
+      self._temp_dir.cleanup()
+
+  # -- tasks --------------------------------------------------------------------
+
+  @property
+  def isolated(self) -> bool:
+    return self.network is not None or self.virtual_hosts is not None
+
+  def _netns_fd(self, task: TaskId | None) -> int | None:
+    """The network a process of `task` runs in (None: the host's own)."""
+    if self.virtual_hosts is not None:
+      # Helpers (probes, tools) run on the chief's host, like a login shell.
+      return self.virtual_hosts.fd(self._host_of[task or TaskId(JobType.CHIEF, 0)])
+    return self.network.fd if self.network is not None else None
+
+  def partition(self, task: TaskId) -> None:
+    """Cuts `task`'s host off the network (netns hosts only)."""
+    self._require_hosts("partition").partition(self._host_of[task])
+
+  def heal(self, task: TaskId) -> None:
+    self._require_hosts("heal").heal(self._host_of[task])
+
+  def _require_hosts(self, what: str) -> hosts_lib.VirtualHosts:
+    if self.virtual_hosts is None:
+      raise RuntimeError(f"{what} needs hosts='netns'")
+    return self.virtual_hosts
+
+  def task_argv(self, task: TaskId, extra_flags: Sequence[str] = ()) -> list[str]:
+    """The `tfps run` command line of `task` (what a user would run)."""
+    return [sys.executable, "-m", "tfps", "run", f"--cluster_spec={self.spec_file}",
+            f"--job_name={task.job.value}", f"--task_index={task.index}", *extra_flags]
+
+  def ps(self, index: int) -> TaskHandle:
+    return self.tasks[TaskId(JobType.PS, index)]
+
+  def worker(self, index: int) -> TaskHandle:
+    return self.tasks[TaskId(JobType.WORKER, index)]
+
+  def add_chief(self, chief_flags: Sequence[str], *, stdout_path: str,
+                stderr_to_parent: bool = False) -> TaskHandle:
+    """Registers (does not start) the chief: `tfps run` with `chief_flags`."""
+    chief = TaskId(JobType.CHIEF, 0)
+    handle = TaskHandle(self, chief, self.task_argv(chief, chief_flags),
+                        stdout_path=stdout_path, stderr_to_parent=stderr_to_parent)
+    self.tasks[chief] = handle
+    return handle
+
+  def spawn(self, argv: Sequence[str], *, task: TaskId | None = None,
+            **kwargs) -> subprocess.Popen:
+    """Starts a process in the cluster's network (on `task`'s host), tied to our life."""
+    if self._closed:
+      raise RuntimeError("the local cluster is closed")
+    return processes.spawn(argv, netns_fd=self._netns_fd(task), **kwargs)
+
+  def wait_ready(self, tasks: Sequence[TaskId] | None = None,
+                 timeout: float | None = None) -> None:
+    """Blocks until `tasks` (default: every ps and worker) answer on gRPC.
+
+    Raises:
+      readiness.ClusterUnreachableError: naming the tasks that did not answer.
+      RuntimeError: a task's process exited while we waited (with its log path).
+    """
+    timeout = timeout or self.config.ready_timeout
+    tasks = list(tasks) if tasks is not None else [
+        t for t in self.tasks if t.job != JobType.CHIEF]
+    for task in tasks:
+      if not self.tasks[task].alive:
+        raise RuntimeError(f"{task} is not running (exit code "
+                           f"{self.tasks[task].returncode}); see {self.tasks[task].log_path}")
+    if not self.isolated:
+      readiness.wait_until_reachable(self.spec, timeout, tasks=tasks)
+      return
+    probe = self.spawn([sys.executable, "-m", "tfps.cluster.probe", self.spec_file, str(timeout),
+                        *map(str, tasks)], stderr=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+      out, err = probe.communicate(timeout=timeout + 30)
+    except subprocess.TimeoutExpired:
+      processes.stop_group(probe, grace=0)
+      raise TimeoutError(f"readiness probe for {', '.join(map(str, tasks))} "
+                         f"ran over {timeout + 30:.0f}s") from None
+    if probe.returncode != 0:
+      try:
+        unreachable = [TaskId.parse(name) for name in json.loads(out)]
+      except ValueError:  # The probe itself failed; say how.
+        raise RuntimeError(f"readiness probe failed: {err.decode().strip()}") from None
+      raise readiness.ClusterUnreachableError(unreachable, timeout, self.spec)
+
+  def run_tool(self, argv: Sequence[str], *, task: TaskId | None = None,
+               timeout: float = 10.0) -> str:
+    """Runs a short command in the cluster's network (on `task`'s host); its stdout."""
+    return processes.output_of(
+        self.spawn(argv, task=task, stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
+        argv, timeout)
+
+  def listening_ports(self, task: TaskId | None = None) -> set[int]:
+    """TCP ports listening in the cluster's network (on `task`'s host)."""
+    out = self.run_tool(["ss", "-ltnH"], task=task)
+    return {int(line.split()[3].rpartition(":")[2]) for line in out.splitlines() if line.strip()}
+
+
+def _chief_address() -> str:
+  """A free port for the chief whose next port (its control channel) is free too."""
+  for _ in range(100):
+    port = portpicker.pick_unused_port()
+    if port < 65535 and portpicker.is_port_free(port + 1):
+      return f"localhost:{port}"
+  raise OSError("no free port pair for the chief and its control channel")
+
+
+def _addresses(count: int) -> list[str]:
+  return [f"localhost:{portpicker.pick_unused_port()}" for _ in range(count)]

@@ -1,0 +1,108 @@
+"""Readiness: does every task of a cluster answer on gRPC?
+
+A task is *reachable* when a gRPC channel to its address becomes READY (TCP
+connect plus the HTTP/2 handshake). A SIGSTOPped server accepts the TCP
+connection in the kernel but never completes the handshake, so it correctly
+counts as unreachable.
+
+Every wait here has a deadline; on timeout the error names the tasks that
+never answered.
+"""
+
+import time
+from typing import Iterable
+
+import grpc
+import tenacity
+
+from tfps.cluster import spec as spec_lib
+from tfps.recovery import errors
+
+# First probe waits this long for one task; the backoff grows to the maximum.
+_PROBE_MIN_SECONDS = 0.25
+_PROBE_MAX_SECONDS = 2.0
+
+
+class ClusterUnreachableError(errors.RetryableError):
+  """Some tasks did not answer before the deadline; `.unreachable` lists them."""
+
+  def __init__(self, unreachable: Iterable[spec_lib.TaskId], waited: float,
+               cluster: spec_lib.ClusterSpec):
+    self.unreachable = tuple(sorted(unreachable))
+    names = ", ".join(f"{t} ({cluster.address(t)})" for t in self.unreachable)
+    super().__init__(f"tasks still unreachable after {waited:.1f}s: {names}")
+
+
+def is_reachable(address: str, timeout: float) -> bool:
+  """True if a gRPC channel to `address` becomes READY within `timeout` s."""
+  cluster = spec_lib.ClusterSpec.from_dict({"ps": [address]})
+  return bool(reachable(cluster, [spec_lib.TaskId(spec_lib.JobType.PS, 0)], timeout))
+
+
+_FRESH_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)
+
+
+def reachable(cluster: spec_lib.ClusterSpec, tasks: list[spec_lib.TaskId],
+                   timeout: float) -> set[spec_lib.TaskId]:
+  """Probes `tasks` in parallel; returns those READY within `timeout` s (one round)."""
+  # A channel of its own subchannel pool connects afresh: from the global
+  # pool it could pick up a connection a previous probe left open, which
+  # stays READY across a partition (dropped packets close nothing).
+  channels = {t: grpc.insecure_channel(cluster.address(t), options=_FRESH_CONNECTION)
+              for t in tasks}
+  try:
+    futures = {t: grpc.channel_ready_future(c) for t, c in channels.items()}
+    end = time.monotonic() + timeout
+    ready = set()
+    for task, future in futures.items():
+      try:
+        future.result(timeout=max(0.0, end - time.monotonic()))
+        ready.add(task)
+      except grpc.FutureTimeoutError:
+        future.cancel()
+    return ready
+  finally:
+    for channel in channels.values():
+      channel.close()
+
+
+def wait_until_reachable(cluster: spec_lib.ClusterSpec, deadline: float, *,
+                         tasks: Iterable[spec_lib.TaskId] | None = None) -> None:
+  """Blocks until every task (default: all of `cluster`) is reachable.
+
+  Args:
+    cluster: the cluster to probe.
+    deadline: seconds to wait in total.
+    tasks: a subset of tasks to probe instead of all.
+
+  Raises:
+    ClusterUnreachableError: naming each task still unreachable at the deadline.
+  """
+  pending = set(cluster.tasks() if tasks is None else tasks)
+  start = time.monotonic()
+  # Probe lengths grow with tenacity's exponential backoff (retry_state is
+  # tenacity's count of attempts), so a cluster still booting is not hammered.
+  backoff = tenacity.wait_exponential(multiplier=_PROBE_MIN_SECONDS, max=_PROBE_MAX_SECONDS)
+
+  def probe_round(retry_state: tenacity.RetryCallState) -> None:
+    remaining = deadline - (time.monotonic() - start)
+    budget = max(0.05, min(backoff(retry_state), remaining))
+    pending.difference_update(reachable(cluster, sorted(pending), budget))
+    if pending:
+      raise _StillPending()
+
+  retrying = tenacity.Retrying(
+      retry=tenacity.retry_if_exception_type(_StillPending),
+      stop=tenacity.stop_after_delay(deadline),
+      wait=tenacity.wait_none(),
+      reraise=True)
+  try:
+    for attempt in retrying:
+      with attempt:
+        probe_round(attempt.retry_state)
+  except _StillPending:
+    raise ClusterUnreachableError(pending, time.monotonic() - start, cluster) from None
+
+
+class _StillPending(Exception):
+  """Internal: some tasks have not answered yet."""

@@ -1,0 +1,188 @@
+"""The chief's value types: its configuration, its result, their enums.
+
+`ChiefConfig` is validated at construction (errors name the field and the
+value, UsageError); `ChiefResult.as_dict()` is the one JSON line the command
+line prints. `coordinator.chief` re-exports all four.
+
+Nothing here imports TensorFlow: the command line validates a chief's flags
+with `ChiefConfig` before it starts any process (`tfps local`).
+"""
+
+import dataclasses
+import enum
+import types
+from typing import Any, Mapping
+
+from tfps.cluster import spec as spec_lib
+from tfps.recovery import errors
+
+# Variables larger than this are split across the ps tasks, in shards of at
+# least this size (why this size: `coordinator.strategy`, which re-exports it).
+DEFAULT_MIN_SHARD_BYTES = 64 << 20
+
+# The built-in experiments, by name: the factory each stands for.
+BUILTIN_EXPERIMENTS = types.MappingProxyType({"ctr": "tfps.coordinator.ctr:factory"})
+
+
+def experiment_target(name: str) -> tuple[str, str]:
+  """The (module, attribute) of an experiment factory: a built-in name or `module:factory`.
+
+  Only the name is checked (nothing is imported), so a misspelt experiment
+  fails with the chief's flags, before TensorFlow loads.
+
+  Raises:
+    UsageError: an unknown built-in name, or not `package.module:factory`.
+  """
+  if not isinstance(name, str) or not name.strip():
+    raise errors.UsageError(f"experiment ({name!r}) must be a name or package.module:factory")
+  module, sep, attribute = BUILTIN_EXPERIMENTS.get(name, name).partition(":")
+  if not sep:
+    raise errors.UsageError(
+        f"experiment {name!r} is unknown (built-in: {', '.join(sorted(BUILTIN_EXPERIMENTS))}; "
+        "or give package.module:factory)")
+  if not module or not attribute:
+    raise errors.UsageError(f"experiment {name!r} must look like package.module:factory")
+  return module, attribute
+
+
+class Mode(str, enum.Enum):
+  TRAIN = "train"
+  TRAIN_AND_EVAL = "train_and_eval"
+  EVAL = "eval"
+
+  def __str__(self) -> str:
+    return self.value
+
+
+class RunStatus(str, enum.Enum):
+  """How a chief run ended. Only FINISHED so far; recovery adds more."""
+
+  FINISHED = "finished"
+
+  def __str__(self) -> str:
+    return self.value
+
+
+def _positive_int(name: str, value: Any) -> None:
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise errors.UsageError(f"{name} ({value!r}) must be a positive integer")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ChiefConfig:
+  """Everything the chief needs; validated at construction.
+
+  Attributes:
+    cluster: the cluster (evaluators are ignored by the chief).
+    model_dir: checkpoints, summaries; created if missing.
+    experiment: a built-in name (`ctr`) or `package.module:factory`.
+    experiment_params: experiment-specific `key=value` settings.
+    mode: `train`, `train_and_eval` or `eval`.
+    train_steps: train until the global step reaches this.
+    steps_per_loop: steps per Orbit train loop (one progress line each).
+    steps_per_closure: at most this many steps per remote closure.
+    checkpoint_interval: save every this many steps (and at the end).
+    max_to_keep: checkpoints kept in model_dir.
+    eval_steps: batches per evaluation; None evaluates the whole eval set.
+    eval_interval: in train_and_eval, steps between evaluations; None
+      evaluates once, at the end.
+    eval_shards: closures per evaluation; None means 4 per worker.
+    global_batch_size: examples per training step. A step runs on one worker
+      (asynchronous training), so this is also each worker's batch.
+    seed: seed of data and initialization.
+    ready_timeout: seconds to wait for the cluster to answer.
+    min_shard_bytes: split variables larger than this across the ps tasks;
+      None disables partitioning.
+    ps_timeout: seconds a ps may not answer before the run counts it lost
+      and exits 170 (a partition hangs TF instead of failing it, see
+      `coordinator.ps_deadline`); None: no deadline.
+  """
+
+  cluster: spec_lib.ClusterSpec
+  model_dir: str
+  experiment: str = "ctr"
+  experiment_params: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  mode: Mode = Mode.TRAIN_AND_EVAL
+  train_steps: int = 1000
+  steps_per_loop: int = 100
+  steps_per_closure: int = 50
+  checkpoint_interval: int = 500
+  max_to_keep: int = 3
+  eval_steps: int | None = None
+  eval_interval: int | None = None
+  eval_shards: int | None = None
+  global_batch_size: int = 512
+  seed: int = 0
+  ready_timeout: float = 60.0
+  min_shard_bytes: int | None = DEFAULT_MIN_SHARD_BYTES
+  ps_timeout: float | None = None
+
+  def __post_init__(self):
+    if not isinstance(self.cluster, spec_lib.ClusterSpec):
+      raise errors.UsageError(
+          f"cluster ({type(self.cluster).__name__}) must be a tfps.cluster.spec.ClusterSpec")
+    if not isinstance(self.model_dir, str) or not self.model_dir.strip():
+      raise errors.UsageError(f"model_dir ({self.model_dir!r}) must be a directory path")
+    experiment_target(self.experiment)  # A UsageError naming it, if it is not one.
+    try:
+      object.__setattr__(self, "mode", Mode(self.mode))
+    except ValueError:
+      allowed = ", ".join(m.value for m in Mode)
+      raise errors.UsageError(f"mode ({self.mode!r}) must be one of {allowed}") from None
+    for name in ("train_steps", "steps_per_loop", "steps_per_closure",
+                 "checkpoint_interval", "max_to_keep", "global_batch_size"):
+      _positive_int(name, getattr(self, name))
+    for name in ("eval_steps", "eval_interval", "eval_shards", "min_shard_bytes"):
+      if getattr(self, name) is not None:
+        _positive_int(name, getattr(self, name))
+    if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+      raise errors.UsageError(f"seed ({self.seed!r}) must be a non-negative integer")
+    if isinstance(self.ready_timeout, bool) or not isinstance(self.ready_timeout, (int, float)) \
+        or not 0 < self.ready_timeout < float("inf"):
+      raise errors.UsageError(f"ready_timeout ({self.ready_timeout!r}) must be positive seconds")
+    if self.ps_timeout is not None and (
+        isinstance(self.ps_timeout, bool) or not isinstance(self.ps_timeout, (int, float))
+        or not 0 < self.ps_timeout < float("inf")):
+      raise errors.UsageError(f"ps_timeout ({self.ps_timeout!r}) must be positive seconds")
+    params = dict(self.experiment_params)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in params.items()):
+      raise errors.UsageError(
+          f"experiment_params ({params!r}) must map strings to strings")
+    object.__setattr__(self, "experiment_params", types.MappingProxyType(params))
+
+
+@dataclasses.dataclass(frozen=True)
+class ChiefResult:
+  """The outcome of `run_chief`; `as_dict()` is the JSON line of the CLI.
+
+  Attributes:
+    status: how the run ended.
+    experiment, mode, train_steps, model_dir: as configured.
+    global_step: the step reached (may pass `train_steps` by the steps of
+      re-run closures, see `trainer.PSTrainer`).
+    start_step: the step restored at start (0 without a checkpoint).
+    examples_per_sec, steps_per_sec, train_seconds: over this run's train
+      loops only (evaluation and checkpoint saves excluded).
+    eval: the last evaluation's metrics ({} in mode train).
+    checkpoint: the latest checkpoint in model_dir, if any.
+    restarts: coordinator restarts (0 here; counted by the supervisor).
+  """
+
+  status: RunStatus
+  experiment: str
+  mode: Mode
+  global_step: int
+  start_step: int
+  train_steps: int
+  examples_per_sec: float
+  steps_per_sec: float
+  train_seconds: float
+  eval: Mapping[str, float]
+  checkpoint: str | None
+  model_dir: str
+  restarts: int = 0
+
+  def as_dict(self) -> dict[str, Any]:
+    d = dataclasses.asdict(self)
+    d["status"], d["mode"], d["eval"] = self.status.value, self.mode.value, dict(self.eval)
+    return d

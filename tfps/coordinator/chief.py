@@ -1,0 +1,310 @@
+"""The chief's program: connect, build the experiment, run Orbit, checkpoint.
+
+`run_chief(ChiefConfig(...))` is everything the `chief` role does:
+
+  1. check that `model_dir` is writable and the experiment can be found (fast
+     failures, before touching the cluster);
+  2. wait for the ps and workers, build ParameterServerStrategy + coordinator;
+  3. call the experiment factory in the strategy's scope, make its trainer
+     and evaluator parameter-server aware;
+  4. restore the latest checkpoint of `model_dir` ("restored <path> at step N");
+  5. run `orbit.Controller` in the chosen mode, checkpointing every
+     `checkpoint_interval` steps and at the end, with TensorBoard summaries in
+     `model_dir` (eval summaries in `model_dir/eval`), a progress line per
+     train loop on stderr (absl logging) and a record per loop in
+     `model_dir/progress.jsonl` (recovery.progress; one `restored` record at
+     start);
+  6. return a `ChiefResult`.
+
+Running again with the same `model_dir` and a larger `train_steps` resumes
+from the checkpoint. Errors are raised by type (recovery.errors): bad input
+is a UsageError, user code failing or an incompatible checkpoint a
+PermanentError, losing the cluster a RetryableError. The library prints
+nothing: orbit.Controller's own stdout lines are discarded (they are also
+logged), since stdout carries the command line's JSON result.
+"""
+
+import contextlib
+import io
+import os
+from typing import Any, Callable, Mapping
+
+from absl import logging
+import numpy as np
+import orbit
+import tensorflow as tf
+
+from tfps.cluster import spec as spec_lib
+from tfps.coordinator import api
+from tfps.coordinator import checkpoints
+from tfps.coordinator import datasets
+from tfps.coordinator import evaluator as evaluator_lib
+from tfps.coordinator import experiment as experiment_lib
+from tfps.coordinator import loop_guard
+from tfps.coordinator import messages
+from tfps.coordinator import progress
+from tfps.coordinator import ps_deadline
+from tfps.coordinator import ps_state
+from tfps.coordinator import strategy as strategy_lib
+from tfps.coordinator import trainer as trainer_lib
+from tfps.recovery import control
+from tfps.recovery import errors
+from tfps.recovery import interrupts as interrupts_lib
+
+
+# The value types live in coordinator.api; these names are the chief's API.
+Mode = api.Mode
+RunStatus = api.RunStatus
+ChiefConfig = api.ChiefConfig
+ChiefResult = api.ChiefResult
+
+
+class _Discard(io.TextIOBase):
+  def write(self, text: str) -> int:
+    return len(text)
+
+
+class _Controller(orbit.Controller):
+  """orbit.Controller whose restore checks the checkpoint fits the model."""
+
+  def __init__(self, *, experiment_name: str, **kwargs):
+    self._experiment_name = experiment_name
+    self.restored = None
+    super().__init__(**kwargs)
+
+  def restore_checkpoint(self, checkpoint_path: str | None = None) -> str | None:
+    with self.strategy.scope():
+      self.restored = checkpoints.restore(
+          self.checkpoint_manager, self.global_step, experiment=self._experiment_name,
+          path=checkpoint_path)
+    return self.restored
+
+
+def _loop_size(step: int, steps_per_loop: int, checkpoint_interval: int) -> int:
+  """Steps of the next loop: end loops on checkpoint boundaries."""
+  return max(1, min(steps_per_loop, checkpoint_interval - step % checkpoint_interval))
+
+
+def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntime,
+           config: ChiefConfig, pause):
+  """The experiment's trainer/evaluator made PS-aware; None where the mode needs none."""
+  trainer = experiment.trainer if config.mode != Mode.EVAL else None
+  evaluator = experiment.evaluator if config.mode != Mode.TRAIN else None
+  if isinstance(trainer, orbit.StandardTrainer) and not isinstance(trainer, trainer_lib.PSTrainer):
+    trainer = trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=config.steps_per_closure,
+                                    pause=pause)
+  if isinstance(evaluator, orbit.StandardEvaluator):
+    evaluator = evaluator_lib.PSEvaluator(evaluator, runtime, num_shards=config.eval_shards)
+  return trainer, evaluator
+
+
+def _require_parts(config: ChiefConfig, experiment: experiment_lib.Experiment) -> None:
+  if config.mode != Mode.EVAL and experiment.trainer is None:
+    raise errors.UsageError(
+        f"mode ({config.mode.value}) needs a trainer; experiment {config.experiment!r} has none")
+  if config.mode != Mode.TRAIN and experiment.evaluator is None:
+    raise errors.UsageError(
+        f"mode ({config.mode.value}) needs an evaluator; "
+        f"experiment {config.experiment!r} has none")
+
+
+def _floats(output: Mapping[str, Any] | None) -> dict[str, float]:
+  result = {}
+  for key, value in (output or {}).items():
+    array = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
+    if array.size == 1 and np.issubdtype(array.dtype, np.number):
+      result[key] = float(array)
+  return result
+
+
+def input_cannot_end(train_dataset, *, num_workers: int, num_replicas_in_sync: int,
+                     steps: int) -> bool:
+  """True if one worker's share of `train_dataset` provably holds >= `steps` batches.
+
+  Then an OutOfRangeError in training is not input that ran out but a broken
+  iterator. Seen on virtual hosts (docs/partitions.md): after a ps cut healed,
+  connection resets failed the new coordinator's first closures and a
+  worker's iterator of an endless stream then reported "End of sequence",
+  which TF raises as OutOfRangeError. A new coordinator builds new
+  iterators, so that is a retryable failure.
+  Known only from the dataset's cardinality (INFINITE after `repeat()`, or
+  a count); anything else (unknown cardinality, a structure of datasets, a
+  dataset_fn that fails here) cannot be proved and stays a permanent error.
+  """
+  try:
+    if isinstance(train_dataset, tf.data.Dataset):
+      dataset = train_dataset.shard(num_workers, 0)
+    elif callable(train_dataset):
+      dataset = (train_dataset(tf.distribute.InputContext(
+          num_input_pipelines=num_workers, input_pipeline_id=0,
+          num_replicas_in_sync=num_replicas_in_sync))
+                 if datasets.takes_input_context(train_dataset)
+                 else train_dataset().shard(num_workers, 0))
+    else:
+      return False
+    cardinality = int(dataset.cardinality())
+  except Exception:  # pylint: disable=broad-except  (user code: cannot prove anything)
+    return False
+  return cardinality == tf.data.INFINITE_CARDINALITY or cardinality >= steps
+
+
+@contextlib.contextmanager
+def _classified_errors(phase: str, input_cannot_end: Callable[[], bool] = lambda: False):
+  """Turns TensorFlow and user-code failures into typed tfps errors.
+
+  `input_cannot_end` tells an OutOfRangeError of a broken iterator from
+  training input that really ran out (see `input_cannot_end`).
+  """
+  try:
+    yield
+  except errors.TfpsError:
+    raise
+  except (tf.errors.UnavailableError, tf.errors.AbortedError,
+          tf.errors.DeadlineExceededError, tf.errors.CancelledError) as e:
+    raise errors.RetryableError(
+        f"lost the cluster during {phase}: {type(e).__name__}: "
+        f"{messages.one_line(e.message)}") from e
+  except tf.errors.OutOfRangeError as e:
+    if input_cannot_end():
+      raise errors.RetryableError(
+          f"{phase}: a worker's input iterator ended although its input cannot run out "
+          f"(broken by a transient network failure); restarting with new iterators: "
+          f"{messages.one_line(e.message)}") from e
+    raise errors.PermanentError(
+        f"{phase}: a dataset ran out ({messages.one_line(e.message)}); "
+        "training datasets must repeat()") from e
+  except tf.errors.OpError as e:
+    raise errors.PermanentError(
+        f"{phase} failed: {type(e).__name__}: {messages.one_line(e.message)}") from e
+  except Exception as e:  # User code (trainer, evaluator) raising.
+    raise errors.PermanentError(
+        f"{phase} failed: {type(e).__name__}: {messages.one_line(e)}") from e
+
+
+@contextlib.contextmanager
+def _control_channel(cluster: spec_lib.ClusterSpec, interrupts: interrupts_lib.Interrupts):
+  """Serves preemption notices of ps/workers for as long as the chief runs."""
+  address = control.control_address(cluster)
+  try:
+    server = control.ControlServer(address, interrupts.notice).start()
+  except (OSError, RuntimeError) as e:  # Not fatal: training works without notices.
+    logging.warning("control channel unavailable at %s (%s): preemption notices off", address, e)
+    yield
+    return
+  try:
+    yield
+  finally:
+    server.stop()
+
+
+def run_chief(config: ChiefConfig, *,
+              interrupts: interrupts_lib.Interrupts | None = None) -> ChiefResult:
+  """Runs the chief to completion; see the module docstring.
+
+  Args:
+    config: what to run.
+    interrupts: where stop signals and ps/worker preemption notices arrive;
+      with them the chief serves the control channel, saves on a notice, and
+      on SIGTERM saves and raises `Preempted` (see `loop_guard`).
+
+  Raises:
+    UsageError: bad configuration, experiment or model_dir.
+    PermanentError: user code failed, NaN loss, incompatible checkpoint.
+    RetryableError: the cluster is unreachable or was lost.
+    Preempted: stopped by a signal after saving.
+  """
+  interrupts = interrupts or interrupts_lib.Interrupts()
+  with _control_channel(config.cluster, interrupts):
+    return _run_chief(config, interrupts)
+
+
+def _run_chief(config: ChiefConfig, interrupts: interrupts_lib.Interrupts) -> ChiefResult:
+  checkpoints.check_writable(config.model_dir)
+  factory = experiment_lib.load_factory(config.experiment)
+  runtime = strategy_lib.connect(config.cluster, ready_timeout=config.ready_timeout,
+                                 min_shard_bytes=config.min_shard_bytes)
+  # From here on every ps must keep answering: a partition hangs TF, not fails it.
+  with (ps_deadline.PsDeadline(runtime.cluster, config.ps_timeout) if config.ps_timeout
+        else contextlib.nullcontext()):
+    return _run_connected(config, interrupts, factory, runtime)
+
+
+def _run_connected(config: ChiefConfig, interrupts: interrupts_lib.Interrupts, factory,
+                   runtime: strategy_lib.PSRuntime) -> ChiefResult:
+  context = experiment_lib.ExperimentContext(
+      strategy=runtime.strategy, coordinator=runtime.coordinator,
+      model_dir=config.model_dir, global_batch_size=config.global_batch_size,
+      seed=config.seed, num_workers=runtime.num_workers, num_ps=runtime.num_ps,
+      params=config.experiment_params)
+  experiment = experiment_lib.build(factory, context, name=config.experiment,
+                                    partitioned=runtime.partitioned)
+  _require_parts(config, experiment)
+  with _classified_errors("preparing the experiment"):
+    trainer, evaluator = _adapt(experiment, runtime, config, pause=lambda: interrupts.pending)
+  global_step = experiment.global_step
+  with runtime.strategy.scope():
+    checkpoint = tf.train.Checkpoint(global_step=global_step, **experiment.checkpoint_items)
+  manager = tf.train.CheckpointManager(
+      checkpoint, config.model_dir, max_to_keep=config.max_to_keep,
+      step_counter=global_step, checkpoint_interval=config.checkpoint_interval)
+  with _classified_errors("preparing the experiment"):
+    sentinels = ps_state.PsSentinels(runtime.cluster)
+  guard = loop_guard.LoopGuard(interrupts=interrupts, manager=manager,
+                               global_step=global_step, cluster=runtime.cluster,
+                               model_dir=config.model_dir, sentinels=sentinels)
+  measured = None
+  if trainer is not None:
+    measured = progress.MeasuredTrainer(trainer, global_step, target=config.train_steps,
+                                        batch_size=config.global_batch_size,
+                                        on_loop=guard.after_loop)
+
+  eval_output = None
+  # orbit.Controller prints its log lines on stdout as well as logging them.
+  with contextlib.redirect_stdout(_Discard()):
+    controller = _Controller(
+        experiment_name=config.experiment, global_step=global_step, trainer=measured,
+        evaluator=evaluator, strategy=runtime.strategy,
+        steps_per_loop=lambda step: _loop_size(
+            int(step), config.steps_per_loop, config.checkpoint_interval),
+        checkpoint_manager=manager, summary_dir=config.model_dir,
+        eval_summary_dir=os.path.join(config.model_dir, "eval"))
+    start_step = int(global_step.numpy())
+    if controller.restored is None and config.mode != Mode.EVAL:
+      # A first checkpoint at the start: later saves then fall on multiples
+      # of checkpoint_interval (CheckpointManager always saves its first).
+      manager.save(checkpoint_number=start_step, check_interval=False)
+    # For watchers (tfps chaos/bench) and the event log: a coordinator started
+    # here, at this step (from a checkpoint, or from scratch at 0).
+    guard.account_restore(start_step)
+    if config.mode == Mode.EVAL and controller.restored is None:
+      raise errors.UsageError(
+          f"mode (eval) needs a checkpoint; model_dir ({config.model_dir}) has none")
+    eval_steps = config.eval_steps or -1
+    cannot_end = lambda: experiment.trainer is not None and input_cannot_end(
+        experiment.trainer.train_dataset, num_workers=runtime.num_workers,
+        num_replicas_in_sync=runtime.strategy.num_replicas_in_sync, steps=config.train_steps)
+    if config.mode != Mode.EVAL:
+      if start_step >= config.train_steps:
+        logging.info("already at step %d >= train_steps (%d); nothing to train",
+                     start_step, config.train_steps)
+      elif config.mode == Mode.TRAIN:
+        with _classified_errors("training", cannot_end):
+          controller.train(steps=config.train_steps)
+      else:
+        with _classified_errors("training and evaluation", cannot_end):
+          eval_output = controller.train_and_evaluate(
+              train_steps=config.train_steps, eval_steps=eval_steps,
+              eval_interval=config.eval_interval)
+    if config.mode != Mode.TRAIN and eval_output is None:
+      with _classified_errors("evaluation"):
+        eval_output = controller.evaluate(steps=eval_steps)
+
+  return ChiefResult(
+      status=RunStatus.FINISHED, experiment=config.experiment, mode=config.mode,
+      global_step=int(global_step.numpy()), start_step=start_step,
+      train_steps=config.train_steps,
+      examples_per_sec=measured.examples_per_sec if measured else 0.0,
+      steps_per_sec=measured.steps_per_sec if measured else 0.0,
+      train_seconds=measured.seconds if measured else 0.0,
+      eval=_floats(eval_output), checkpoint=manager.latest_checkpoint,
+      model_dir=config.model_dir)

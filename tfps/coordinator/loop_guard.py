@@ -1,0 +1,128 @@
+"""What the chief does between train loops about failures and preemptions.
+
+`LoopGuard.after_loop` runs after every Orbit train loop, when `join()` has
+returned and no closure is running, so a checkpoint written here is
+consistent. In order:
+
+  1. append the step to the progress log (watchers measure recovery with it);
+  2. every ps still holds its variables (`ps_state`): if one lost them (it
+     restarted unnoticed, holding nothing the train step uses), save if the
+     checkpoint does not need that ps, then exit retryable: the supervisor
+     restarts the coordinator, which restores the latest checkpoint;
+  3. a ps/worker preemption notice is waiting (`recovery.interrupts`): save
+     now and answer it. For a *ps* notice the coordinator then waits (within
+     the notice's deadline) until that ps is gone and exits retryable, so the
+     supervisor restarts it once the ps is back and it restores exactly this
+     checkpoint: zero steps lost. A worker notice needs nothing more: TF
+     re-runs the worker's closures elsewhere;
+  4. the chief itself got SIGTERM: save and raise `Preempted` (exit 143).
+
+The trainer stops scheduling new closures as soon as an interrupt is pending
+(`pending`), so these happen at most one closure per worker late.
+
+`account_restore` compares the restored step with the last step the
+previous coordinator reached (from the progress log) and records the steps
+lost in the event log.
+"""
+
+import time
+
+from absl import logging
+import tensorflow as tf
+
+from tfps.cluster import readiness
+from tfps.cluster import spec as spec_lib
+from tfps.coordinator import messages
+from tfps.coordinator import ps_state
+from tfps.recovery import errors
+from tfps.recovery import events as events_lib
+from tfps.recovery import interrupts as interrupts_lib
+from tfps.recovery import policy
+from tfps.recovery import progress as progress_lib
+
+_GONE_PROBE_SECONDS = 0.5
+
+
+class LoopGuard:
+  def __init__(self, *, interrupts: interrupts_lib.Interrupts,
+               manager: tf.train.CheckpointManager, global_step: tf.Variable,
+               cluster: spec_lib.ClusterSpec, model_dir: str,
+               sentinels: ps_state.PsSentinels | None = None):
+    self._interrupts = interrupts
+    self._sentinels = sentinels
+    self._manager = manager
+    self._global_step = global_step
+    self._cluster = cluster
+    self._progress = progress_lib.ProgressLog(model_dir)
+    self._events = events_lib.EventLog(model_dir)
+
+  def pending(self) -> bool:
+    return self._interrupts.pending
+
+  def account_restore(self, start_step: int) -> int:
+    """Records where this coordinator starts; returns the steps lost (>= 0)."""
+    previous = [r for r in self._progress.read_new() if not r.restored]
+    self._progress.append(start_step, restored=True)
+    lost = max(0, previous[-1].step - start_step) if previous else 0
+    if lost:
+      logging.warning("restarted at step %d; the previous coordinator had reached %d: "
+                      "%d steps lost", start_step, previous[-1].step, lost)
+      self._events.append(events_lib.Event(
+          kind="recovered", task="chief:0", step=start_step, steps_lost=lost,
+          detail=f"restored at step {start_step}, {lost} steps after the last checkpoint lost"))
+    return lost
+
+  def after_loop(self, step: int) -> None:
+    self._progress.append(step)
+    if self._sentinels is not None:
+      self._check_ps_state(step)
+    notices = self._interrupts.serve(self._save)
+    for notice in notices:
+      self._events.append(events_lib.Event(
+          kind="action", task=notice.task, failure=policy.FailureKind.TASK_NOTICE.value,
+          action=policy.Action.SAVE_NOW.value, step=step,
+          detail=f"{notice.task} preempted with notice; checkpoint saved"))
+    if self._interrupts.stop_requested:
+      _, path = self._save()
+      self._events.append(events_lib.Event(
+          kind="action", task="chief:0", failure=policy.FailureKind.CHIEF_NOTICE.value,
+          action=policy.Action.SAVE_AND_EXIT.value, step=step, steps_lost=0,
+          detail=f"saved {path}"))
+      raise errors.Preempted(self._interrupts.stop_signal, detail=f"saved {path} at step {step}")
+    for notice in notices:
+      task = spec_lib.TaskId.parse(notice.task)
+      if task.job == spec_lib.JobType.PS:
+        self._wait_until_gone(task, notice.deadline_seconds)
+        raise errors.RetryableError(
+            f"{task} is being preempted; saved at step {step}, restart once it is back")
+
+  def _check_ps_state(self, step: int) -> None:
+    """Raises `PsStateLost` if a ps lost its variables; saves first if it still can."""
+    try:
+      self._sentinels.check()
+    except ps_state.PsStateLost as lost:
+      try:  # Training just ran, so its variables are intact elsewhere.
+        _, path = self._save()
+        saved = f"saved {path} first"
+      except tf.errors.OpError as e:  # The checkpoint needs that ps too.
+        saved = f"could not save ({type(e).__name__}: {messages.one_line(e.message)})"
+      raise ps_state.PsStateLost(f"{lost} at step {step}; {saved}") from lost
+
+  def _save(self) -> tuple[int, str]:
+    """Saves the current step, unless the latest checkpoint already holds it."""
+    step = int(self._global_step.numpy())
+    latest = self._manager.latest_checkpoint
+    if latest is not None and latest.endswith(f"-{step}"):
+      return step, latest
+    path = self._manager.save(checkpoint_number=step, check_interval=False)
+    logging.info("saved %s (interrupt)", path)
+    return step, path
+
+  def _wait_until_gone(self, task: spec_lib.TaskId, deadline: float) -> None:
+    """Waits (bounded) until `task` stops answering, so a restart waits for its return."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+      if not readiness.reachable(self._cluster, [task], _GONE_PROBE_SECONDS):
+        return
+      time.sleep(_GONE_PROBE_SECONDS)
+    logging.warning("%s still answers %.0fs after its notice; restarting anyway", task, deadline)

@@ -1,0 +1,102 @@
+"""The coordinator's deadline on its parameter servers.
+
+A ps that dies refuses connections: TF raises UnavailableError within
+seconds and the coordinator exits 170 (see `chief`). A ps cut off by a
+network partition, or a chief cut off from everyone, refuses nothing: its
+packets are dropped, TCP retransmits for many minutes, and TF's RPCs wait
+all that time, and `join()` and checkpoint saves with them (measured on
+virtual hosts: docs/partitions.md). Training would stall without a word.
+
+`PsDeadline` is a thread that probes every ps (and, to say what happened,
+every worker) on gRPC from the chief's own network, every `interval`
+seconds. Once a ps has not answered for `timeout` seconds in a row, this is
+a ps loss: one line on stderr and in the exit report (which the supervisor
+puts in the event log), then the process ends at once with exit 170
+(`os._exit`: the main thread is stuck inside TF and cannot be unwound; what
+matters is on disk already: the checkpoints, and the progress and event
+logs, written a line at a time). The supervisor then waits for the cluster
+and restarts the coordinator from the latest checkpoint, as after any ps
+loss; a partitioned chief thus recovers like a lost chief once it is healed.
+"""
+
+import os
+import sys
+import threading
+import time
+from typing import Callable
+
+from absl import logging
+
+from tfps.cluster import readiness
+from tfps.cluster import spec as spec_lib
+from tfps.recovery import errors
+from tfps.recovery import exit_report
+from tfps.recovery import overdue as overdue_lib
+from tfps.recovery import policy
+
+# One probe round waits this long per task (in parallel); rounds repeat at
+# `interval`. A busy but live ps answers a channel handshake well within it.
+_PROBE_SECONDS = 2.0
+
+
+def _exit_lost(message: str) -> None:
+  """Ends this process at once with the retryable 'lost the cluster' code."""
+  # The supervisor puts this in the event log; stderr may lose the line, as
+  # its filter thread dies with the process.
+  exit_report.write(policy.FailureKind.PS_LOST.value, message)
+  sys.stderr.write(f"tfps: error: {message}\n")
+  sys.stderr.flush()
+  logging.flush()
+  os._exit(int(errors.ExitCode.CLUSTER_LOST))
+
+
+class PsDeadline:
+  """A daemon thread holding the coordinator to `timeout` (see module docstring).
+
+  Use as a context manager around the part of the run that talks to the
+  cluster. `probe` and `on_overdue` are replaceable for tests.
+  """
+
+  def __init__(self, cluster: spec_lib.ClusterSpec, timeout: float, *,
+               interval: float = 1.0,
+               probe: Callable[[list[spec_lib.TaskId]], set] | None = None,
+               on_overdue: Callable[[str], None] = _exit_lost,
+               clock: Callable[[], float] = time.monotonic):
+    self._cluster = cluster
+    self._ps = [t for t in cluster.tasks() if t.job == spec_lib.JobType.PS]
+    self._workers = [t for t in cluster.tasks() if t.job == spec_lib.JobType.WORKER]
+    self._overdue = overdue_lib.Overdue(self._ps, timeout)
+    self._interval = interval
+    self._probe = probe or (lambda tasks: readiness.reachable(cluster, tasks, _PROBE_SECONDS))
+    self._on_overdue = on_overdue
+    self._clock = clock
+    self._stopped = threading.Event()
+    self._thread = threading.Thread(target=self._run, name="ps-deadline", daemon=True)
+
+  def __enter__(self) -> "PsDeadline":
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self._stopped.set()
+    self._thread.join(timeout=_PROBE_SECONDS + self._interval + 1)
+
+  def _run(self) -> None:
+    while not self._stopped.wait(self._interval):
+      reachable = self._probe(self._ps + self._workers)
+      if self._stopped.is_set():
+        return  # The run ended while we probed: nothing to judge.
+      overdue = self._overdue.update(reachable, self._clock())
+      if overdue:
+        self._on_overdue(self._message(overdue, reachable))
+        return
+
+  def _message(self, overdue: list[spec_lib.TaskId], reachable: set) -> str:
+    names = ", ".join(f"{t} ({self._cluster.address(t)})" for t in overdue)
+    if not reachable:
+      why = "no ps and no worker answers: this chief is cut off from the cluster"
+    else:
+      why = "partitioned or hung; TF would wait for it for many minutes"
+    return (f"lost the cluster: {names} did not answer for {self._overdue.timeout:.0f}s "
+            f"({why}); exiting {int(errors.ExitCode.CLUSTER_LOST)} to restart from the "
+            "latest checkpoint")

@@ -1,0 +1,129 @@
+"""The long-running side of a ps or worker task.
+
+`serve` starts a `tf.distribute.Server` for this task and blocks until the
+process is asked to stop (SIGTERM or SIGINT), then returns the exit code the
+orchestrator should see: 143 for SIGTERM (preempted: restart me), 130 for
+SIGINT. On SIGTERM it first warns the chief over the control channel and
+waits, within the grace period, until the chief has saved (see
+`recovery.control`). A TF server cannot be shut down in-process, so the caller ends the
+process with `os._exit` after flushing its logs.
+
+Stop signals must be trapped before TensorFlow is imported (a SIGTERM during
+the ~7 s import would otherwise kill the process with -15 instead of 143):
+call `recovery.signals.StopSignals.install()` first, then `serve`.
+"""
+
+import dataclasses
+import os
+import signal
+import time
+
+import grpc
+from absl import logging
+
+from tfps.cluster import inprocess
+from tfps.cluster import spec as spec_lib
+from tfps.recovery import control
+from tfps.recovery import errors
+from tfps.recovery.signals import StopSignals
+
+# Left of the grace period after the notice, to flush logs and exit.
+_GRACE_MARGIN_SECONDS = 2.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServerOptions:
+  """How a ps/worker server is configured.
+
+  Attributes:
+    inter_op_threads: TF inter-op threads; None picks a safe default (enough
+      that concurrent closures cannot deadlock on 2 cores).
+    intra_op_threads: TF intra-op threads; None picks 1 on a ps (its kernels
+      are row gathers and updates, too small to gain from splitting; handing
+      them to other threads costs more than it saves) and TF's default (one
+      per core) on a worker.
+    thread_spinning: let idle TF threads spin waiting for work. Off by
+      default: spinning threads of several tasks on the same cores take CPU
+      from the tasks with work to do (measured: `tfps bench`, README).
+    grace_seconds: time between SIGTERM and the hard kill (GKE Spot pods
+      ~15 s, Spot VMs ~30 s). On SIGTERM the task warns the chief and stays
+      up, at most this long less a safety margin, while the chief saves.
+    control_address: the chief's control channel; None disables the notice.
+  """
+
+  inter_op_threads: int | None = None
+  intra_op_threads: int | None = None
+  thread_spinning: bool = False
+  grace_seconds: float = 15.0
+  control_address: str | None = None
+
+  def __post_init__(self):
+    for name in ("inter_op_threads", "intra_op_threads"):
+      value = getattr(self, name)
+      if value is not None and value < 1:
+        raise errors.UsageError(f"{name} ({value}) must be a positive integer")
+    if self.grace_seconds <= _GRACE_MARGIN_SECONDS:
+      raise errors.UsageError(
+          f"grace_seconds ({self.grace_seconds}) must be more than {_GRACE_MARGIN_SECONDS}")
+
+  @property
+  def notice_deadline(self) -> float:
+    return self.grace_seconds - _GRACE_MARGIN_SECONDS
+
+
+def _server_cluster(cluster: spec_lib.ClusterSpec) -> dict[str, list[str]]:
+  """The cluster as servers see it. The evaluator is a client, never served to."""
+  return {job: hosts for job, hosts in cluster.as_dict().items()
+          if job != spec_lib.JobType.EVALUATOR.value}
+
+
+def session_config_for(job: spec_lib.JobType, cluster: spec_lib.ClusterSpec,
+                       options: ServerOptions, tf):
+  """The server's ConfigProto: thread pools sized for a shared, small machine."""
+  threads = options.inter_op_threads or inprocess.server_inter_op_threads(
+      cluster.num_tasks(spec_lib.JobType.WORKER))
+  intra = options.intra_op_threads or (1 if job == spec_lib.JobType.PS else 0)  # 0: TF's.
+  session_config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=threads,
+                                            intra_op_parallelism_threads=intra)
+  session_config.experimental.disable_thread_spinning = not options.thread_spinning
+  return session_config
+
+
+def serve(config: spec_lib.TaskConfig, stop: StopSignals,
+          options: ServerOptions = ServerOptions()) -> errors.ExitCode:
+  """Serves this ps/worker task until a stop signal; returns the exit code."""
+  if config.task.job not in (spec_lib.JobType.PS, spec_lib.JobType.WORKER):
+    raise errors.UsageError(f"task.type: {config.task.job.value!r} is not a ps or worker role")
+  import tensorflow as tf  # Late: start-up cost and log noise only for servers.
+
+  session_config = session_config_for(config.task.job, config.cluster, options, tf)
+  if stop.requested:  # Told to stop while TF was importing: do not start.
+    return errors.exit_code_for_signal(stop.signum)
+  tf.distribute.Server(
+      tf.train.ClusterSpec(_server_cluster(config.cluster)),
+      job_name=config.task.job.value, task_index=config.task.index,
+      protocol="grpc", config=session_config, start=True)
+  logging.info("serving %s at %s (pid %d); SIGTERM stops it with exit code %d",
+               config.task, config.address, os.getpid(), errors.ExitCode.PREEMPTED)
+  stop.wait()
+  if stop.signum == signal.SIGTERM and options.control_address:
+    _warn_chief(config.task, options)
+  code = errors.exit_code_for_signal(stop.signum)
+  logging.info("%s stopping on %s: exit code %d", config.task,
+               signal.Signals(stop.signum).name, code)
+  return code
+
+
+def _warn_chief(task: spec_lib.TaskId, options: ServerOptions) -> None:
+  """Tells the chief we are going and waits (bounded) until it has saved."""
+  notice = control.Notice(task=str(task), deadline_seconds=options.notice_deadline)
+  start = time.monotonic()
+  try:
+    reply = control.send_notice(options.control_address, notice)
+  except grpc.RpcError as e:  # No chief, or it did not answer in time: go anyway.
+    logging.warning("%s: preemption notice to the chief at %s not answered (%s) after %.1fs",
+                    task, options.control_address, e.code().name, time.monotonic() - start)
+    return
+  logging.info("%s: chief %s after %.1fs (%s)", task,
+               "saved a checkpoint" if reply.saved else "did not save",
+               time.monotonic() - start, reply.detail)

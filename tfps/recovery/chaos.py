@@ -1,0 +1,300 @@
+"""Fault schedules for `tfps chaos`, and the report they add up to (pure).
+
+A fault is written `TARGET@SECONDS:ACTION[+AFTER]`, several comma-separated:
+
+  worker:1@20:kill+5     SIGKILL worker 1 at t=20 s, start it again 5 s later
+  ps:0@40:term+3         SIGTERM (preemption notice) ps 0, back 3 s later
+  chief:0@60:kill+2      SIGKILL the chief, an orchestrator restarts it 2 s later
+  worker:0@30:stop+10    SIGSTOP worker 0 for 10 s, then SIGCONT
+  worker:1@50:kill+never the worker never comes back
+  ps:0@70:cut+8          cut ps 0's network link for 8 s (virtual hosts only)
+
+Times count from the start of training. `random_schedule` draws a seeded
+schedule at a given rate; whatever the draw, it hits at least one worker, one
+ps and the chief, so the default run exercises every row that matters.
+"""
+
+import dataclasses
+import enum
+import random
+import signal
+import statistics
+from typing import Sequence
+
+from tfps.cluster import spec as spec_lib
+from tfps.recovery import errors
+from tfps.recovery import progress as progress_lib
+
+NEVER = None
+
+
+class FaultAction(str, enum.Enum):
+  KILL = "kill"  # SIGKILL
+  TERM = "term"  # SIGTERM: a preemption with notice
+  STOP = "stop"  # SIGSTOP, then SIGCONT after the delay
+  CUT = "cut"  # Network link down, up again after the delay (a partition)
+
+  @property
+  def signal(self) -> int | None:
+    """The signal sent, or None for a network fault."""
+    return {FaultAction.KILL: signal.SIGKILL, FaultAction.TERM: signal.SIGTERM,
+            FaultAction.STOP: signal.SIGSTOP}.get(self)
+
+  @property
+  def name_of_fault(self) -> str:
+    return signal.Signals(self.signal).name if self.signal else "LINK_DOWN"
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Fault:
+  """One injected fault. `back_after` is None when the target never returns."""
+
+  at_seconds: float
+  target: spec_lib.TaskId
+  action: FaultAction
+  back_after: float | None = 5.0
+
+  def __post_init__(self):
+    if self.at_seconds < 0:
+      raise errors.UsageError(f"fault {self}: time ({self.at_seconds}) must be >= 0")
+    if self.back_after is NEVER and self.action in (FaultAction.STOP, FaultAction.CUT):
+      raise errors.UsageError(
+          f"fault {self}: a stopped or cut-off task must come back (+SECONDS)")
+    if self.back_after is NEVER and self.target.job != spec_lib.JobType.WORKER:
+      raise errors.UsageError(
+          f"fault {self}: only a worker may never come back (the job needs its ps and chief)")
+    if self.back_after is not NEVER and self.back_after < 0:
+      raise errors.UsageError(f"fault {self}: delay ({self.back_after}) must be >= 0")
+
+  def __str__(self) -> str:
+    after = "never" if self.back_after is NEVER else f"{self.back_after:g}"
+    return f"{self.target}@{self.at_seconds:g}:{self.action.value}+{after}"
+
+
+def parse_faults(text: str, cluster: spec_lib.ClusterSpec) -> tuple[Fault, ...]:
+  """Parses `--faults`; every target must exist in `cluster`."""
+  faults = []
+  for item in filter(None, (part.strip() for part in text.split(","))):
+    faults.append(_parse_one(item, cluster))
+  if not faults:
+    raise errors.UsageError(f"--faults: no fault in {text!r}")
+  return tuple(sorted(faults))
+
+
+def _parse_one(item: str, cluster: spec_lib.ClusterSpec) -> Fault:
+  usage = "TARGET@SECONDS:ACTION[+SECONDS|+never], e.g. worker:1@20:kill+5"
+  target_text, at, rest = item.partition("@")
+  when, colon, action_text = rest.partition(":")
+  action_name, plus, after = action_text.partition("+")
+  if not at or not colon:
+    raise errors.UsageError(f"--faults: {item!r} must look like {usage}")
+  target = spec_lib.TaskId.parse(target_text)
+  if target.index >= cluster.num_tasks(target.job):
+    raise errors.UsageError(f"--faults: {item!r}: no task {target} in this cluster")
+  try:
+    action = FaultAction(action_name)
+  except ValueError:
+    raise errors.UsageError(
+        f"--faults: {item!r}: action {action_name!r} is not kill, term, stop or cut") from None
+  try:
+    at_seconds = float(when)
+    back_after = (NEVER if after == "never" else float(after)) if plus else 5.0
+  except ValueError:
+    raise errors.UsageError(f"--faults: {item!r} must look like {usage}") from None
+  return Fault(at_seconds, target, action, back_after)
+
+
+def random_schedule(*, seed: int, count: int, duration: float,
+                    cluster: spec_lib.ClusterSpec, never_returns: bool = False,
+                    back_after: float = 5.0, network_faults: bool = False) -> tuple[Fault, ...]:
+  """`count` faults spread over `duration` seconds, drawn from `seed`.
+
+  The first three hit a worker, a ps and the chief (in a seeded order);
+  the rest pick any task. Faults are spaced so that each has time to recover
+  before the next. With `never_returns`, one worker fault is permanent;
+  with `network_faults` (virtual hosts), link cuts are drawn too.
+  """
+  if count < 3:
+    raise errors.UsageError(f"fault count ({count}) must be >= 3 (a worker, a ps, the chief)")
+  rng = random.Random(seed)
+  tasks = list(cluster.for_coordinator().tasks())
+  jobs = [spec_lib.JobType.WORKER, spec_lib.JobType.PS, spec_lib.JobType.CHIEF]
+  rng.shuffle(jobs)
+  targets = [rng.choice([t for t in tasks if t.job == job]) for job in jobs]
+  targets += [rng.choice(tasks) for _ in range(count - 3)]
+  slot = duration / count
+  faults = []
+  for i, target in enumerate(targets):
+    at = round(slot * i + rng.uniform(0.1, 0.4) * slot, 1)
+    action = rng.choice([a for a in FaultAction if a != FaultAction.CUT or network_faults])
+    faults.append(Fault(at, target, action, back_after))
+  if never_returns:
+    i = next(i for i, f in enumerate(faults) if f.target.job == spec_lib.JobType.WORKER)
+    faults[i] = dataclasses.replace(faults[i], action=FaultAction.KILL, back_after=NEVER)
+  return tuple(sorted(faults))
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultOutcome:
+  """What happened to one injected fault."""
+
+  fault: Fault
+  injected_at: float  # Seconds since the start of training.
+  recovered: bool
+  seconds_to_recover: float | None  # From injection to training progressing again.
+  steps_lost: int = 0  # Steps between the restored checkpoint and the step at the fault.
+  # The longest time without a loop ending, from the fault to the next fault
+  # (or the end of the run); see RecoveryTracker.
+  longest_stall: float | None = None
+
+  def as_dict(self) -> dict:
+    return {"target": str(self.fault.target), "signal": self.fault.action.name_of_fault,
+            "action": self.fault.action.value,
+            "back_after": self.fault.back_after, "time": round(self.injected_at, 2),
+            "recovered": self.recovered, "seconds_to_recover": self.seconds_to_recover,
+            "longest_stall_seconds": self.longest_stall, "steps_lost": self.steps_lost}
+
+
+def report(outcomes: Sequence[FaultOutcome]) -> dict:
+  """The fault part of `tfps chaos`'s JSON line."""
+  faults = [o.as_dict() for o in outcomes]
+  return {
+      "faults_injected": len(outcomes),
+      "recoveries": sum(1 for o in outcomes if o.recovered),
+      "faults": faults,
+      "steps_lost": sum(o.steps_lost for o in outcomes),
+      "recovery_seconds": _seconds(faults),
+      "longest_stall_seconds": _seconds(faults, "longest_stall_seconds"),
+  }
+
+
+@dataclasses.dataclass
+class _InFlight:
+  fault: Fault
+  injected_wall: float  # Epoch seconds, comparable with progress records.
+  injected_at: float  # Seconds since the start of training.
+  baseline: int  # Training has recovered once a loop ends past this step.
+  step_at_fault: int
+  # A ps or the chief that goes away (killed, preempted, cut off) takes the
+  # coordinator with it: recovered only after a new one restored. Loops that
+  # end before it is gone (a preempted task saves first) do not count.
+  needs_restore: bool = False
+  steps_lost: int = 0
+  seconds_to_recover: float | None = None
+  last_loop_end: float = 0.0  # The fault itself, then each loop's end in its window.
+  longest_stall: float = 0.0
+  window_open: bool = True
+
+  @property
+  def stall_known(self) -> bool:
+    """A loop has ended since the fault, or the next fault closed its window."""
+    return self.last_loop_end > self.injected_wall or not self.window_open
+
+
+class RecoveryTracker:
+  """Follows each injected fault through the progress log (pure; no clocks).
+
+  A fault is recovered at the first loop that ends, after the fault, past
+  the baseline step: the step at the fault, or, when a coordinator restarts
+  from a checkpoint after the fault, the restored step (the difference is
+  the steps lost). A fault that takes the coordinator down (a ps or the
+  chief killed or preempted) is recovered only by a loop after the
+  new coordinator's restore, so loops still finishing while a preempted task
+  saves are not mistaken for recovery.
+
+  First progress can understate what a fault cost: a loop whose closures were
+  already done may end just after a worker is cut, and the *next* loop then
+  waits for that worker; a worker that never returns costs a restart later,
+  at `--worker_timeout`. So each fault also gets its longest stall: the
+  longest time without a loop ending between the fault and the next fault
+  injected (or the end of the run), counted from the fault. Without a fault,
+  it is the time of one loop (~0.8 s for the default ctr on 2 cores).
+  """
+
+  def __init__(self):
+    self._faults: list[_InFlight] = []
+    self._last_step = 0
+
+  def injected(self, fault: Fault, *, wall_time: float, since_start: float) -> None:
+    # A cut, like a stop, may heal without a new coordinator: one shorter than
+    # the ps deadline is bridged by TCP (measured, docs/partitions.md). Its
+    # loops cannot end while the link is down, so any later loop is progress.
+    needs_restore = (fault.target.job != spec_lib.JobType.WORKER
+                     and fault.action not in (FaultAction.STOP, FaultAction.CUT))
+    for f in self._faults:  # A new fault ends the earlier ones' stall windows.
+      if f.window_open:
+        f.longest_stall = max(f.longest_stall, wall_time - f.last_loop_end)
+        f.window_open = False
+    self._faults.append(_InFlight(fault, wall_time, since_start, self._last_step,
+                                  self._last_step, needs_restore, last_loop_end=wall_time))
+
+  def observe(self, records: Sequence[progress_lib.Progress]) -> None:
+    for record in records:
+      for f in self._faults:
+        if record.time < f.injected_wall:
+          continue
+        if f.window_open and not record.restored:
+          f.longest_stall = max(f.longest_stall, record.time - f.last_loop_end)
+          f.last_loop_end = record.time
+        if f.seconds_to_recover is not None:
+          continue
+        if record.restored:
+          f.baseline = record.step
+          f.steps_lost = max(f.steps_lost, f.step_at_fault - record.step)
+          f.needs_restore = False
+        elif record.step > f.baseline and not f.needs_restore:
+          f.seconds_to_recover = round(record.time - f.injected_wall, 2)
+      # After a restore, training stands at the restored step: a later
+      # fault must not count the steps an earlier one lost again.
+      self._last_step = record.step
+
+  @property
+  def all_recovered(self) -> bool:
+    return all(f.seconds_to_recover is not None for f in self._faults)
+
+  def outcomes(self) -> list[FaultOutcome]:
+    return [FaultOutcome(f.fault, f.injected_at, f.seconds_to_recover is not None,
+                         f.seconds_to_recover, f.steps_lost,
+                         round(f.longest_stall, 2) if f.stall_known else None)
+            for f in self._faults]
+
+
+def fault_kind(fault: dict) -> str:
+  """A reported fault's row in a soak table: `worker kill`, `ps term`, `worker never`..."""
+  job = fault["target"].partition(":")[0]
+  return f"{job} never" if fault.get("back_after") is NEVER else f"{job} {fault['action']}"
+
+
+def soak_summary(results: Sequence[dict | None]) -> dict:
+  """Adds up several `tfps chaos` JSON lines (None: a run that printed none).
+
+  A run counts as finished only with status "ok" (every fault recovered and
+  every end-of-run check passed). Recovery seconds are pooled over runs,
+  overall and per kind of fault.
+  """
+  faults = [f for r in results if r for f in r.get("faults", ())]
+  kinds: dict[str, list[dict]] = {}
+  for fault in faults:
+    kinds.setdefault(fault_kind(fault), []).append(fault)
+  return {
+      "runs": len(results),
+      "runs_finished": sum(1 for r in results if r and r.get("status") == "ok"),
+      "faults_injected": len(faults),
+      "recoveries": sum(1 for f in faults if f["recovered"]),
+      "steps_lost": sum(f["steps_lost"] for f in faults),
+      "recovery_seconds": _seconds(faults),
+      "longest_stall_seconds": _seconds(faults, "longest_stall_seconds"),
+      "by_kind": {kind: {"faults": len(group),
+                         "recovered": sum(1 for f in group if f["recovered"]),
+                         "recovery_seconds": _seconds(group),
+                         "longest_stall_seconds": _seconds(group, "longest_stall_seconds"),
+                         "steps_lost_max": max(f["steps_lost"] for f in group)}
+                  for kind, group in sorted(kinds.items())},
+  }
+
+
+def _seconds(faults: Sequence[dict], key: str = "seconds_to_recover") -> dict:
+  seconds = sorted(f[key] for f in faults if f.get(key) is not None)
+  if not seconds:
+    return {"p50": None, "max": None}
+  return {"p50": round(statistics.median(seconds), 2), "max": round(seconds[-1], 2)}

@@ -1,0 +1,85 @@
+"""Interrupts of a running coordinator: stop now, or save now.
+
+Two things may ask a training coordinator to break off:
+  * a stop signal to the chief itself (SIGTERM: preemption) — stop
+    scheduling, let in-flight closures finish, save, exit 143;
+  * a preemption notice from a ps or worker over the control channel — save
+    a checkpoint at once and tell the task it is safe to go.
+
+Both arrive on other threads (signal handler, gRPC server threads). The
+training loop polls `pending` between closures (cheap) and calls `serve`
+between loops, where no closure is running and a checkpoint is consistent.
+A notice waits for the loop's answer at most its deadline; a loop that does
+not answer in time is reported to the task as "not saved".
+
+Which lock is held: `_lock` only guards the request list; no callback runs
+under it.
+"""
+
+import dataclasses
+import threading
+from typing import Callable
+
+from tfps.recovery import control
+from tfps.recovery import signals
+
+
+@dataclasses.dataclass
+class _SaveRequest:
+  notice: control.Notice
+  done: threading.Event = dataclasses.field(default_factory=threading.Event)
+  reply: control.Reply | None = None
+
+
+class Interrupts:
+  def __init__(self, stop: signals.StopSignals | None = None):
+    self._stop = stop or signals.StopSignals()
+    self._lock = threading.Lock()
+    self._requests: list[_SaveRequest] = []
+
+  @property
+  def stop_requested(self) -> bool:
+    return self._stop.requested
+
+  @property
+  def stop_signal(self) -> int | None:
+    return self._stop.signum
+
+  @property
+  def pending(self) -> bool:
+    """True when the loop should stop scheduling and call `serve` soon."""
+    return self._stop.requested or bool(self._requests)
+
+  def notice(self, notice: control.Notice) -> control.Reply:
+    """Control-channel handler: blocks until the loop has saved (or the deadline)."""
+    request = _SaveRequest(notice)
+    with self._lock:
+      self._requests.append(request)
+    if request.done.wait(notice.deadline_seconds):
+      return request.reply
+    return control.Reply(saved=False, detail="the chief did not save within the deadline")
+
+  def serve(self, save: Callable[[], tuple[int, str]]) -> list[control.Notice]:
+    """Called by the loop between loops: saves once for all waiting notices.
+
+    Args:
+      save: writes a checkpoint, returns (step, path).
+
+    Returns:
+      The notices answered (empty when none was waiting).
+    """
+    with self._lock:
+      requests, self._requests = self._requests, []
+    if not requests:
+      return []
+    try:
+      step, path = save()
+      reply = control.Reply(saved=True, step=step, detail=f"saved {path}")
+    except Exception as e:  # Answer the tasks either way, then let it propagate.
+      reply = control.Reply(saved=False, detail=f"save failed: {type(e).__name__}: {e}")
+      raise
+    finally:
+      for request in requests:
+        request.reply = reply
+        request.done.set()
+    return [r.notice for r in requests]
