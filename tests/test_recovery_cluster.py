@@ -1,12 +1,15 @@
 """The failure matrix (DESIGN.md), one row per test, with real processes and signals.
 
 The session's loopback LocalCluster (`loopback_cluster` in conftest.py: 1 ps,
-2 workers) and one supervised chief (`tfps run`,
-training the small ctr without end) are shared by the row tests, which run
-in file order; each injects one fault, checks how training came back from
-the progress log (`progress.jsonl`: one record per loop, a `restored` one
-per coordinator start) and the event log, and leaves every task running.
-Every wait is bounded.
+2 workers) and one supervised chief (`tfps run`, training without end on the
+`counting` experiment of input_experiments.py, which counts in a checkpointed
+variable how often it trained on each example of its finite dataset) are
+shared by the row tests, which run in file order; each injects one fault,
+checks how training came back from the progress log (`progress.jsonl`: one
+record per loop, a `restored` one per coordinator start) and the event log,
+and leaves every task running. After the rows, the counts in the final
+checkpoint are checked against the input accounting: through every fault
+above, each example was trained once per epoch. Every wait is bounded.
 """
 
 import glob
@@ -14,29 +17,50 @@ import os
 import signal
 import tempfile
 
+import numpy as np
 import pytest
 
 from tfps.cluster import local
 from tfps.cluster import processes
+from tfps.recovery import coverage
 from tfps.recovery import policy
+from tfps.recovery import progress as progress_lib
 
 import cluster_helpers
+import input_experiments
 
 pytestmark = pytest.mark.cluster
 
 # Long enough for a killed worker to restart on a loaded 2-core machine.
 WORKER_TIMEOUT = 30
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+# The rows' experiment: a finite dataset of EXAMPLES ids in batches of BATCH
+# (about 160 batches an epoch), each step with some work for the worker's CPU.
+EXAMPLES, BATCH = 20000, 128
+COUNTING = f"examples={EXAMPLES},work=256"
 
 
-def _chief_run(cluster: local.LocalCluster, model_dir: str, *, experiment: str = "ctr",
-               params: str = cluster_helpers.SMALL_CTR) -> cluster_helpers.ChiefRun:
+@pytest.fixture(scope="module", autouse=True)
+def _experiments_importable():
+  """The chiefs import input_experiments / fault_experiments from this directory."""
+  env = os.environ.get("PYTHONPATH")
+  os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS_DIR, env]))
+  yield
+  if env is None:
+    del os.environ["PYTHONPATH"]
+  else:
+    os.environ["PYTHONPATH"] = env
+
+
+def _chief_run(cluster: local.LocalCluster, model_dir: str, *,
+               experiment: str = "input_experiments:counting",
+               params: str = COUNTING) -> cluster_helpers.ChiefRun:
   """A supervised chief training without end (not started yet)."""
   return cluster_helpers.ChiefRun(cluster, model_dir, [
       f"--experiment={experiment}", f"--experiment_params={params}", "--mode=train",
       "--train_steps=10000000", f"--steps_per_loop={cluster_helpers.STEPS_PER_LOOP}",
       f"--steps_per_closure={cluster_helpers.STEPS_PER_CLOSURE}",
-      f"--checkpoint_interval={cluster_helpers.CHECKPOINT_INTERVAL}", "--global_batch_size=128",
+      f"--checkpoint_interval={cluster_helpers.CHECKPOINT_INTERVAL}", f"--global_batch_size={BATCH}",
       f"--worker_timeout={WORKER_TIMEOUT}", "--grace_seconds=20"])
 
 
@@ -231,11 +255,43 @@ def test_ps_failing_while_a_worker_recovers(run):
   run.wait_for_work([worker])  # And the recovering worker works again.
 
 
+def test_every_example_was_trained_once_per_epoch_through_every_fault_above(run):
+  """The ground truth (counts in the checkpoint) against the input accounting."""
+  log = progress_lib.ProgressLog(run.model_dir)
+  records = []
+
+  def two_epochs():
+    records.extend(log.read_new())
+    return coverage.account(records).epochs_completed >= 2
+
+  run.wait_for(two_epochs, timeout=240, what="two whole epochs in the kept history")
+  run.chief.kill(signal.SIGTERM)  # Saves where it is and exits: the final checkpoint.
+  assert run.chief.wait(timeout=60) == 143
+  records.extend(log.read_new())
+  accounted = coverage.account(records)
+  assert accounted.ok, accounted
+  assert sum(r.restored for r in records) >= 6  # The rows' ps and chief faults restored.
+  with open(os.path.join(run.model_dir, "checkpoint")) as f:
+    latest = os.path.join(run.model_dir, f.readline().split('"')[1])
+  assert int(latest.rpartition("-")[2]) == records[-1].step == accounted.kept
+  counts = input_experiments.counts_in(latest).astype(np.int64)
+  lengths = next(r.shard_lengths for r in records if r.shard_lengths)
+  expected = input_experiments.expected_counts(EXAMPLES, BATCH, lengths,
+                                               coverage.kept_chunks(records))
+  # Every example of every completed epoch was trained on (none never) ...
+  assert expected.min() >= accounted.epochs_completed
+  assert (counts >= expected).all(), np.flatnonzero(counts < expected)[:10]
+  # ... and the only extra applications are the steps TF re-ran in retried
+  # closures (a dead worker's partial closure), not restores: those rolled
+  # the counts back with the ledger.
+  assert (counts - expected).sum() <= accounted.reexecuted * BATCH, (
+      (counts - expected).sum(), accounted)
+  run.chief.start()  # The rows' chief, for the tests below.
+
+
 def test_killed_during_a_checkpoint_save_restores_the_last_complete_one(cluster, tmp_path):
   cluster_helpers.stop_chief(cluster)  # The row tests' chief: one chief at a time.
   marker = tmp_path / "saving"
-  env = os.environ.get("PYTHONPATH", "")
-  os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS_DIR, env]))
   try:
     blocked = _chief_run(
         cluster, str(tmp_path / "model"), experiment="fault_experiments:blocking_save",
@@ -261,21 +317,15 @@ def test_killed_during_a_checkpoint_save_restores_the_last_complete_one(cluster,
     assert f"restored {tmp_path / 'model'}/ckpt-{complete_step} at step {complete_step}" \
         in resumed.log()
   finally:
-    os.environ["PYTHONPATH"] = env
     cluster.tasks[cluster_helpers.CHIEF].kill(signal.SIGKILL)
 
 
 def test_nan_loss_is_permanent_and_not_retried(cluster, tmp_path):
   cluster_helpers.stop_chief(cluster)
-  env = os.environ.get("PYTHONPATH", "")
-  os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS_DIR, env]))
-  try:
-    nan = _chief_run(cluster, str(tmp_path / "model"),
-                     experiment="fault_experiments:nan_loss")
-    nan.chief.start()
-    assert nan.chief.wait(timeout=180) == 1
-  finally:
-    os.environ["PYTHONPATH"] = env
+  nan = _chief_run(cluster, str(tmp_path / "model"), experiment="fault_experiments:nan_loss",
+                   params=cluster_helpers.SMALL_CTR)
+  nan.chief.start()
+  assert nan.chief.wait(timeout=180) == 1
   log = nan.log()
   assert "loss is nan at step" in log and "giving up" in log
   assert log.count("starting coordinator") == 1  # Never restarted.

@@ -166,6 +166,8 @@ class ChiefResult:
     eval: the last evaluation's metrics ({} in mode train).
     checkpoint: the latest checkpoint in model_dir, if any.
     restarts: coordinator restarts (0 here; counted by the supervisor).
+    input: the training input as this coordinator left it (positioned or
+      not, shards, epochs; see `coordinator.ledger`).
   """
 
   status: RunStatus
@@ -181,8 +183,10 @@ class ChiefResult:
   checkpoint: str | None
   model_dir: str
   restarts: int = 0
+  input: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def as_dict(self) -> dict[str, Any]:
     d = dataclasses.asdict(self)
     d["status"], d["mode"], d["eval"] = self.status.value, self.mode.value, dict(self.eval)
+    d["input"] = dict(self.input)
     return d

@@ -92,10 +92,33 @@ def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntim
   evaluator = experiment.evaluator if config.mode != Mode.TRAIN else None
   if isinstance(trainer, orbit.StandardTrainer) and not isinstance(trainer, trainer_lib.PSTrainer):
     trainer = trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=config.steps_per_closure,
-                                    pause=pause)
+                                    pause=pause, global_step=experiment.global_step,
+                                    input_shards=getattr(config, "input_shards", None))
   if isinstance(evaluator, orbit.StandardEvaluator):
     evaluator = evaluator_lib.PSEvaluator(evaluator, runtime, num_shards=config.eval_shards)
   return trainer, evaluator
+
+
+def _train_steps(config: ChiefConfig, ledger) -> int:
+  """The step to train to: `train_steps`, or `train_epochs` whole epochs of the input."""
+  epochs = getattr(config, "train_epochs", None)
+  if not epochs:
+    return config.train_steps
+  if ledger is None:
+    raise errors.UsageError(
+        f"train_epochs ({epochs}) needs a finite train dataset (one epoch, no repeat()) "
+        "read by the runtime; use --train_steps for endless input")
+  return epochs * ledger.batches_per_epoch
+
+
+def _input_summary(trainer, ledger) -> dict[str, Any]:
+  """What this coordinator knows of the input, for the result (the run's is in coverage)."""
+  summary = {"positioned": ledger is not None,
+             "reexecuted_steps": getattr(trainer, "reexecuted_steps", 0)}
+  if ledger is not None:
+    summary.update(shards=ledger.num_shards, batches_per_epoch=ledger.batches_per_epoch,
+                   epoch=ledger.epoch, epochs_completed=ledger.epochs_completed)
+  return summary
 
 
 def _require_parts(config: ChiefConfig, experiment: experiment_lib.Experiment) -> None:
@@ -242,8 +265,12 @@ def _run_connected(config: ChiefConfig, interrupts: interrupts_lib.Interrupts, f
   with _classified_errors("preparing the experiment"):
     trainer, evaluator = _adapt(experiment, runtime, config, pause=lambda: interrupts.pending)
   global_step = experiment.global_step
+  positioned = isinstance(trainer, trainer_lib.PSTrainer) and trainer.positioned
+  # The input's position is saved and restored with the model (coordinator.ledger).
+  input_items = {experiment_lib.INPUT_LEDGER_KEY: trainer.input_state} if positioned else {}
   with runtime.strategy.scope():
-    checkpoint = tf.train.Checkpoint(global_step=global_step, **experiment.checkpoint_items)
+    checkpoint = tf.train.Checkpoint(global_step=global_step, **experiment.checkpoint_items,
+                                     **input_items)
   manager = tf.train.CheckpointManager(
       checkpoint, config.model_dir, max_to_keep=config.max_to_keep,
       step_counter=global_step, checkpoint_interval=config.checkpoint_interval)
@@ -254,9 +281,10 @@ def _run_connected(config: ChiefConfig, interrupts: interrupts_lib.Interrupts, f
                                model_dir=config.model_dir, sentinels=sentinels)
   measured = None
   if trainer is not None:
-    measured = progress.MeasuredTrainer(trainer, global_step, target=config.train_steps,
-                                        batch_size=config.global_batch_size,
-                                        on_loop=guard.after_loop)
+    measured = progress.MeasuredTrainer(
+        trainer, global_step, target=config.train_steps or 0,
+        batch_size=config.global_batch_size,
+        on_loop=lambda step: guard.after_loop(step, getattr(trainer, "last_loop", None)))
 
   eval_output = None
   # orbit.Controller prints its log lines on stdout as well as logging them.
@@ -269,13 +297,17 @@ def _run_connected(config: ChiefConfig, interrupts: interrupts_lib.Interrupts, f
         checkpoint_manager=manager, summary_dir=config.model_dir,
         eval_summary_dir=os.path.join(config.model_dir, "eval"))
     start_step = int(global_step.numpy())
+    ledger = trainer.ensure_ledger() if positioned else None  # Restored, else measured now.
+    train_steps = _train_steps(config, ledger)
+    if measured is not None:
+      measured.target = train_steps
     if controller.restored is None and config.mode != Mode.EVAL:
       # A first checkpoint at the start: later saves then fall on multiples
       # of checkpoint_interval (CheckpointManager always saves its first).
       manager.save(checkpoint_number=start_step, check_interval=False)
     # For watchers (tfps chaos/bench) and the event log: a coordinator started
     # here, at this step (from a checkpoint, or from scratch at 0).
-    guard.account_restore(start_step)
+    guard.account_restore(start_step, ledger.lengths if ledger else None)
     if config.mode == Mode.EVAL and controller.restored is None:
       raise errors.UsageError(
           f"mode (eval) needs a checkpoint; model_dir ({config.model_dir}) has none")
@@ -284,16 +316,16 @@ def _run_connected(config: ChiefConfig, interrupts: interrupts_lib.Interrupts, f
         experiment.trainer.train_dataset, num_workers=runtime.num_workers,
         num_replicas_in_sync=runtime.strategy.num_replicas_in_sync, steps=config.train_steps)
     if config.mode != Mode.EVAL:
-      if start_step >= config.train_steps:
+      if start_step >= train_steps:
         logging.info("already at step %d >= train_steps (%d); nothing to train",
-                     start_step, config.train_steps)
+                     start_step, train_steps)
       elif config.mode == Mode.TRAIN:
         with _classified_errors("training", cannot_end):
-          controller.train(steps=config.train_steps)
+          controller.train(steps=train_steps)
       else:
         with _classified_errors("training and evaluation", cannot_end):
           eval_output = controller.train_and_evaluate(
-              train_steps=config.train_steps, eval_steps=eval_steps,
+              train_steps=train_steps, eval_steps=eval_steps,
               eval_interval=config.eval_interval)
     if config.mode != Mode.TRAIN and eval_output is None:
       with _classified_errors("evaluation"):
@@ -302,9 +334,9 @@ def _run_connected(config: ChiefConfig, interrupts: interrupts_lib.Interrupts, f
   return ChiefResult(
       status=RunStatus.FINISHED, experiment=config.experiment, mode=config.mode,
       global_step=int(global_step.numpy()), start_step=start_step,
-      train_steps=config.train_steps,
+      train_steps=train_steps,
       examples_per_sec=measured.examples_per_sec if measured else 0.0,
       steps_per_sec=measured.steps_per_sec if measured else 0.0,
       train_seconds=measured.seconds if measured else 0.0,
       eval=_floats(eval_output), checkpoint=manager.latest_checkpoint,
-      model_dir=config.model_dir)
+      model_dir=config.model_dir, input=_input_summary(trainer, ledger))

@@ -44,20 +44,31 @@ def _takes_input_context(fn: Callable[..., Any]) -> bool:
 takes_input_context = _takes_input_context  # Public for the chief (error classification).
 
 
-class _ShippedDataset:
+def _graph_for_workers(dataset: tf.data.Dataset, *, what: str, instead: str) -> tf.Tensor:
+  """`dataset` as a graph another process can rebuild; Python state is a UsageError."""
+  try:
+    return tf.raw_ops.DatasetToGraphV2(
+        input_dataset=tf.data.experimental.to_variant(dataset),
+        external_state_policy=_FAIL_ON_EXTERNAL_STATE,
+        strip_device_assignment=True)
+  except tf.errors.FailedPreconditionError as e:
+    raise errors.UsageError(
+        f"{what}: this dataset cannot run on the workers (it uses Python state such as "
+        f"from_generator or py_function); {instead}") from e
+
+
+def check_runs_on_workers(dataset: tf.data.Dataset, *, what: str) -> None:
+  """UsageError if a dataset built by a dataset_fn holds Python state (see above)."""
+  _graph_for_workers(dataset, what=what, instead=(
+      "build it from files or tensors (TFRecordDataset, from_tensor_slices, range) "
+      "in the dataset_fn"))
+
+
+class ShippedDataset:
   """A chief-side `tf.data.Dataset` serialized so that workers can rebuild it."""
 
   def __init__(self, dataset: tf.data.Dataset, *, what: str):
-    try:
-      self._graph = tf.raw_ops.DatasetToGraphV2(
-          input_dataset=tf.data.experimental.to_variant(dataset),
-          external_state_policy=_FAIL_ON_EXTERNAL_STATE,
-          strip_device_assignment=True)
-    except tf.errors.FailedPreconditionError as e:
-      raise errors.UsageError(
-          f"{what}: this tf.data.Dataset cannot run on the workers (it uses Python "
-          f"state such as from_generator or py_function); pass a dataset_fn instead"
-      ) from e
+    self._graph = _graph_for_workers(dataset, what=what, instead="pass a dataset_fn instead")
     self._spec = dataset.element_spec
 
   def rebuild(self) -> tf.data.Dataset:
@@ -98,7 +109,7 @@ def per_worker_dataset(coordinator, dataset: Any, *, num_workers: int,
   _check_dataset(dataset, what=what)
 
   if isinstance(dataset, tf.data.Dataset):
-    shipped = _ShippedDataset(dataset, what=what)
+    shipped = ShippedDataset(dataset, what=what)
 
     def dataset_fn():
       index = tf.distribute.coordinator.experimental_get_current_worker_index()
@@ -140,7 +151,7 @@ class EvalShards:
     self._fn = None
     if isinstance(dataset, tf.data.Dataset):
       _check_finite(dataset, what=what)
-      self._shipped = _ShippedDataset(dataset, what=what)
+      self._shipped = ShippedDataset(dataset, what=what)
     else:
       self._fn = dataset
       if _takes_input_context(dataset):

@@ -41,6 +41,9 @@ from tfps.recovery import errors
 
 # Built-in experiments: name -> "module:factory", imported only when chosen.
 BUILTIN = api.BUILTIN_EXPERIMENTS
+# The checkpoint name of the input ledger (coordinator.ledger), beside the
+# experiment's own items.
+INPUT_LEDGER_KEY = "input_ledger"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,9 +116,11 @@ class Experiment:
           f"Experiment.checkpoint_items: expected a mapping of name to trackable, "
           f"got {type(self.checkpoint_items).__name__}")
     items = dict(self.checkpoint_items)
-    if "global_step" in items:
-      raise errors.UsageError(
-          "Experiment.checkpoint_items: 'global_step' is reserved for Experiment.global_step")
+    for reserved, owner in (("global_step", "Experiment.global_step"),
+                            (INPUT_LEDGER_KEY, "the input's position")):
+      if reserved in items:
+        raise errors.UsageError(
+            f"Experiment.checkpoint_items: {reserved!r} is reserved for {owner}")
     object.__setattr__(self, "checkpoint_items", types.MappingProxyType(items))
 
 

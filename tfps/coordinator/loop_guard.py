@@ -59,10 +59,13 @@ class LoopGuard:
   def pending(self) -> bool:
     return self._interrupts.pending
 
-  def account_restore(self, start_step: int) -> int:
-    """Records where this coordinator starts; returns the steps lost (>= 0)."""
+  def account_restore(self, start_step: int, shard_lengths=None) -> int:
+    """Records where this coordinator starts; returns the steps lost (>= 0).
+
+    `shard_lengths`: the positioned input's shards (recovery.coverage).
+    """
     previous = [r for r in self._progress.read_new() if not r.restored]
-    self._progress.append(start_step, restored=True)
+    self._progress.append(start_step, restored=True, shard_lengths=shard_lengths)
     lost = max(0, previous[-1].step - start_step) if previous else 0
     if lost:
       logging.warning("restarted at step %d; the previous coordinator had reached %d: "
@@ -72,8 +75,18 @@ class LoopGuard:
           detail=f"restored at step {start_step}, {lost} steps after the last checkpoint lost"))
     return lost
 
-  def after_loop(self, step: int) -> None:
-    self._progress.append(step)
+  def after_loop(self, step: int, loop_input=None) -> None:
+    """`loop_input`: what the loop read (trainer.LoopInput), for the progress log."""
+    chunks = reexecuted = None
+    if loop_input is not None:
+      chunks = [c.as_list() for c in loop_input.chunks] if loop_input.chunks else None
+      reexecuted = loop_input.reexecuted
+    self._progress.append(step, chunks=chunks, reexecuted=reexecuted or 0)
+    if reexecuted:
+      self._events.append(events_lib.Event(
+          kind="recovered", step=step, steps_reexecuted=reexecuted,
+          detail=f"{reexecuted} steps re-executed by closures retried after a worker failure "
+                 "(the failed attempts' partial updates stay applied)"))
     if self._sentinels is not None:
       self._check_ps_state(step)
     notices = self._interrupts.serve(self._save)

@@ -75,7 +75,7 @@ class MeasuredTrainer(orbit.AbstractTrainer):
     self._trainer = trainer
     self._on_loop = on_loop
     self._global_step = global_step
-    self._target = target
+    self.target = target  # Public: with --train_epochs it is known only after the restore.
     self._batch_size = batch_size
     self._clock = clock
     self.steps = 0
@@ -99,7 +99,7 @@ class MeasuredTrainer(orbit.AbstractTrainer):
     self.steps += step - start_step
     self.seconds += seconds
     loss = _scalar(output["loss"]) if isinstance(output, dict) and "loss" in output else None
-    report = LoopReport(step=step, target=self._target, steps=step - start_step,
+    report = LoopReport(step=step, target=self.target, steps=step - start_step,
                         seconds=seconds, batch_size=self._batch_size, loss=loss)
     logging.info("%s", report.line())
     if self._on_loop is not None:

@@ -33,27 +33,32 @@ instead works unchanged; it pays their per-step writes to the ps.
 Step counting and retries (at-least-once):
   `ClusterCoordinator` runs each closure *at least once*: when a worker dies
   mid-closure, the steps it already ran stay applied on the ps and the whole
-  closure runs again elsewhere. The global step is a variable on a ps that
-  the trainer's `train_step` increments once per step, so it counts steps
-  that actually ran, re-run ones included: after a retry it exceeds the
-  scheduled count by the steps the failed attempt completed. It never
-  undercounts, it only moves forward, and it is read only after `join()`,
-  when no closure of the loop is still running. Orbit's `Controller` re-reads
-  it after every loop and asks for `target - global_step` more steps, so the
-  run ends at or just past `train_steps`, checkpoints are numbered with the
-  step value they contain, and a resumed run starts from exactly that value.
-  Metrics a trainer accumulates on the ps (e.g. a mean loss) likewise include
-  re-run steps; step logs do not (a closure's result is its successful
+  closure runs again elsewhere, with the same arguments (so, with positioned
+  input, the same chunk of data). The global step is a variable on a ps that
+  `train_step` increments once per step, so after a retry it has moved by
+  more than the loop's steps. After `join()`, when no closure runs, the
+  trainer sets it back by that excess (`reexecuted_steps` counts it): the
+  global step counts each scheduled step once, equals the batches the input
+  ledger handed out, and Orbit's `Controller`, which asks for
+  `target - global_step` more steps after every loop, ends exactly at
+  `train_steps`. Checkpoints are numbered with the step they contain, and a
+  resumed run starts from exactly that step and input position. Metrics a
+  trainer accumulates on the ps (e.g. a mean loss) include the failed
+  attempt's steps; step logs do not (a closure's result is its successful
   attempt's).
 """
 
+import dataclasses
 import math
 from typing import Any, Callable, Mapping
 
+from absl import logging
 import orbit
 import tensorflow as tf
 
 from tfps.coordinator import datasets
+from tfps.coordinator import ledger as ledger_lib
+from tfps.coordinator import positioned as positioned_lib
 from tfps.coordinator import step_logs
 from tfps.coordinator import strategy as strategy_lib
 from tfps.recovery import errors
@@ -84,23 +89,40 @@ def plan_closures(num_steps: int, steps_per_closure: int, num_workers: int) -> l
   return [size] * full + ([rest] if rest else [])
 
 
+@dataclasses.dataclass(frozen=True)
+class LoopInput:
+  """What one train loop read: its chunks (positioned input) and re-executed steps."""
+
+  chunks: tuple[ledger_lib.Chunk, ...] = ()
+  reexecuted: int = 0
+
+
 class PSTrainer(orbit.StandardTrainer):
   """A single-machine `orbit.StandardTrainer` run as closures on all workers.
 
   The wrapped trainer's `train_dataset` (a `dataset_fn(input_context)` or a
-  `tf.data.Dataset`, see `coordinator.datasets`) is created on every worker,
-  each reading its own part; it should repeat indefinitely. Its `train_step`
-  runs on the workers, inside `strategy.scope()`, and must increment the
-  global step once per step (see the module docstring for retries).
+  `tf.data.Dataset`, see `coordinator.datasets`) should be finite: one epoch.
+  Its position is then the coordinator's (`coordinator.ledger`): each closure
+  is given the chunk of the data it reads, and the position is checkpointed
+  with the model (`input_state`), epoch after epoch. An endless dataset
+  (`repeat()`) is created on every worker instead, each reading its own part
+  from the start whenever its iterator is created (no position is kept).
+  `train_step` runs on the workers, inside `strategy.scope()`, and must
+  increment the global step once per step (see the module docstring for retries).
   """
 
   def __init__(self, trainer: orbit.StandardTrainer, runtime: strategy_lib.PSRuntime, *,
                steps_per_closure: int, pause: Callable[[], bool] | None = None,
-               unroll: int = DEFAULT_UNROLL):
+               unroll: int = DEFAULT_UNROLL, global_step: tf.Variable | None = None,
+               input_shards: int | None = None):
     """`pause()` true: schedule no more closures this loop (an interrupt is pending).
 
     `unroll`: steps per while-loop iteration inside a closure (see the module
-    docstring).
+    docstring). `global_step`: the step counter `train_step` increments
+    (default: the wrapped trainer's `global_step` attribute, if any); after
+    every loop it is set back by the steps that TensorFlow re-executed when it
+    retried a failed closure, so it counts each scheduled step once.
+    `input_shards`: shards of a finite input (default: about one closure each).
     """
     if not isinstance(trainer, orbit.StandardTrainer):
       raise errors.UsageError(
@@ -116,14 +138,24 @@ class PSTrainer(orbit.StandardTrainer):
     self._runtime = runtime
     self._steps_per_closure = steps_per_closure
     self._pause = pause or (lambda: False)
+    self._global_step = global_step if global_step is not None else getattr(
+        trainer, "global_step", None)
+    self._input_shards = input_shards
     self.closures_scheduled = 0
+    self.reexecuted_steps = 0
+    self.last_loop = LoopInput()
     self._loop_logs = {}
-    per_worker = tf.nest.map_structure(
-        lambda d: datasets.per_worker_dataset(
-            runtime.coordinator, d, num_workers=runtime.num_workers,
-            num_replicas_in_sync=runtime.strategy.num_replicas_in_sync,
-            what=f"{type(trainer).__name__}.train_dataset"),
-        trainer.train_dataset)
+    self.input_state = positioned_lib.LedgerState()
+    what = f"{type(trainer).__name__}.train_dataset"
+    self._positioned = _positioned_input(trainer.train_dataset, runtime, what)
+    if self._positioned is None:
+      per_worker = tf.nest.map_structure(
+          lambda d: datasets.per_worker_dataset(
+              runtime.coordinator, d, num_workers=runtime.num_workers,
+              num_replicas_in_sync=runtime.strategy.num_replicas_in_sync, what=what),
+          trainer.train_dataset)
+    else:
+      per_worker = ()  # Each closure builds the chunk it reads.
     super().__init__(train_dataset=per_worker,
                      options=orbit.StandardTrainerOptions(use_tf_while_loop=True))
 
@@ -131,6 +163,28 @@ class PSTrainer(orbit.StandardTrainer):
   def trainer(self) -> orbit.StandardTrainer:
     """The wrapped single-machine trainer."""
     return self._trainer
+
+  @property
+  def positioned(self) -> bool:
+    """True when the input's position is the coordinator's (a finite dataset)."""
+    return self._positioned is not None
+
+  @property
+  def ledger(self) -> ledger_lib.InputLedger | None:
+    """The input ledger (measured or restored), None for endless input."""
+    return self.ensure_ledger() if self._positioned is not None else None
+
+  def ensure_ledger(self) -> ledger_lib.InputLedger:
+    """The ledger restored from a checkpoint, else the input measured now (once)."""
+    if self.input_state.ledger is None:
+      self.input_state.ledger = self._positioned.measure(
+          num_shards=self._input_shards, steps_per_closure=self._steps_per_closure)
+    elif self._input_shards not in (None, self.input_state.ledger.num_shards):
+      logging.warning("input_shards (%d) differs from the checkpoint's %d shards; keeping "
+                      "the checkpoint's (the input's position is counted in them)",
+                      self._input_shards, self.input_state.ledger.num_shards)
+      self._input_shards = None
+    return self.input_state.ledger
 
   def train_loop_begin(self):
     return self._trainer.train_loop_begin()
@@ -165,6 +219,15 @@ class PSTrainer(orbit.StandardTrainer):
     what = type(self._trainer).__name__
     full_size = self._steps_per_closure
 
+    if self._positioned is None:
+      make_iterator = lambda iterator: iterator
+    else:
+      num_shards = self.ensure_ledger().num_shards
+      positioned = self._positioned
+      # Built on the worker, inside the closure: the chunk's position is in
+      # the closure's arguments, which a retry runs again unchanged.
+      make_iterator = lambda shard, start: iter(positioned.chunk(num_shards, shard, start))
+
     # A closure of `steps_per_closure` steps (nearly all of them), traced
     # with its shape fixed: `peeled` steps written out, then a loop of
     # `unroll` steps per iteration (no loop at all with the defaults).
@@ -172,7 +235,8 @@ class PSTrainer(orbit.StandardTrainer):
     iterations = (full_size - peeled) // unroll
 
     @tf.function
-    def full_closure(iterator):
+    def full_closure(*source):
+      iterator = make_iterator(*source)
       # The first step's logs (if any) give the structure of the running sums.
       sums = step_logs.start(train_step(iterator), what)
       for _ in range(peeled - 1):  # Python: written out.
@@ -186,39 +250,95 @@ class PSTrainer(orbit.StandardTrainer):
     # Any other size (a loop's last closure, or closures shrunk so that every
     # worker gets one): one step per loop iteration, traced once for all sizes.
     @tf.function
-    def other_closure(iterator, num_steps):
+    def other_closure(num_steps, *source):
+      iterator = make_iterator(*source)
       sums = step_logs.start(train_step(iterator), what)
       for _ in tf.range(num_steps - 1):
         sums = step_logs.add(sums, train_step(iterator), what)
       return sums
 
-    def schedule(iterator, size: int):
+    def schedule(size: int, *source):
       if size == full_size:
-        return coordinator.schedule(full_closure, args=(iterator,))
-      return coordinator.schedule(other_closure, args=(iterator, tf.constant(size, tf.int32)))
+        return coordinator.schedule(full_closure, args=source)
+      return coordinator.schedule(other_closure, args=(tf.constant(size, tf.int32), *source))
+
+    def sources(iterator, num_steps: int):
+      """(size, closure arguments, chunk) of each closure of the loop, taken as scheduled."""
+      sizes = plan_closures(num_steps, self._steps_per_closure, self._runtime.num_workers)
+      if self._positioned is None:
+        for size in sizes:
+          yield size, (iterator,), None
+        return
+      ledger, left = self.ensure_ledger(), num_steps
+      while left > 0:  # A chunk ends at its shard's end: maybe more closures than sizes.
+        chunk = ledger.take(min(sizes[0], left))
+        left -= chunk.count
+        yield chunk.count, (tf.constant(chunk.shard, tf.int64),
+                            tf.constant(chunk.start, tf.int64)), chunk
 
     def loop_fn(iterator, num_steps):
-      sizes = plan_closures(int(num_steps), self._steps_per_closure,
-                            self._runtime.num_workers)
-      scheduled = []
+      start_step = self._read_step()
+      scheduled, chunks = [], []
       # Traced in scope so that the trainer sees the strategy it was built in.
       with strategy.scope():
-        for size in sizes:
-          if self._pause():
-            break  # Finish what runs (join below); the chief saves next.
+        for size, source, chunk in sources(iterator, int(num_steps)):
           try:
-            remote = schedule(iterator, size)
+            remote = schedule(size, *source)
           except Exception as e:  # Traced at the first schedule: bad step logs.
             usage = step_logs.usage_error_in(e)
             if usage is None:
               raise
             raise usage from None
           scheduled.append((size, remote))
+          if chunk is not None:
+            chunks.append(chunk)
           self.closures_scheduled += 1
+          if self._pause():  # Before the next chunk is taken: none is left untrained.
+            break  # Finish what runs (join below); the chief saves next.
       coordinator.join()
+      reexecuted = self._count_each_step_once(start_step, sum(size for size, _ in scheduled))
+      self.last_loop = LoopInput(chunks=tuple(chunks), reexecuted=reexecuted)
       # After join() every closure has its result; fetching is one small
       # read per closure (a few per loop), not per step.
       self._loop_logs = step_logs.loop_means(
           [(size, remote.fetch()) for size, remote in scheduled])
 
     return loop_fn
+
+  def _read_step(self) -> int | None:
+    return None if self._global_step is None else int(self._global_step.numpy())
+
+  def _count_each_step_once(self, start_step: int | None, scheduled: int) -> int:
+    """Sets the global step back by the steps re-executed in retries; returns them.
+
+    A closure that failed on a worker ran some of its steps (their updates
+    stay applied) and then ran whole elsewhere: the step counter moved by
+    more than the loop's steps. Called after join(): no closure runs.
+    """
+    if start_step is None:
+      return 0
+    extra = self._read_step() - start_step - scheduled
+    if extra > 0:
+      self._global_step.assign_sub(extra)
+      self.reexecuted_steps += extra
+      if self.input_state.ledger is not None:
+        self.input_state.ledger.reexecuted += extra
+      logging.info("%d steps re-executed by retried closures (their partial updates stay "
+                   "applied); the global step counts each scheduled step once", extra)
+    return max(0, extra)
+
+
+def _positioned_input(dataset: Any, runtime: strategy_lib.PSRuntime,
+                      what: str) -> positioned_lib.PositionedInput | None:
+  """The positioned form of a trainer's input; None where per-worker iterators read it."""
+  if isinstance(dataset, tf.distribute.DistributedDataset):
+    return None  # per_worker_dataset says what it means.
+  positioned = positioned_lib.PositionedInput(
+      dataset, num_replicas_in_sync=runtime.strategy.num_replicas_in_sync, what=what)
+  if positioned.is_endless:
+    logging.warning(
+        "%s is endless (repeat()?): each worker reads its own part from the start of its "
+        "iterator, and the input's position is not kept across failures; give one epoch "
+        "(no repeat()) to have every example trained once per epoch", what)
+    return None
+  return positioned

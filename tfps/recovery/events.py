@@ -29,6 +29,8 @@ class Event:
     action: the action taken (recovery.policy.Action value), if any.
     step: the global step when it happened, if known.
     steps_lost: steps that must be re-done because of it, if known.
+    steps_reexecuted: steps TensorFlow ran twice retrying a failed closure
+      (the failed attempt's partial updates stay applied).
     seconds_to_recover: from detection to progress again, for `recovered`.
     detail: one human-readable line.
     time: seconds since the epoch.
@@ -40,6 +42,7 @@ class Event:
   action: str | None = None
   step: int | None = None
   steps_lost: int | None = None
+  steps_reexecuted: int | None = None
   seconds_to_recover: float | None = None
   detail: str = ""
   time: float = dataclasses.field(default_factory=time.time)
@@ -70,11 +73,12 @@ class EventLog:
 
 
 def summarize(events: Iterable[Event]) -> dict:
-  """Counts for the final JSON line: `restarts`, `faults`, `steps_lost`."""
+  """Counts for the final JSON line: `restarts`, `faults`, `steps_lost`, `steps_reexecuted`."""
   events = list(events)
   return {
       "faults": sum(1 for e in events if e.kind == "failure"),
       "restarts": sum(1 for e in events if e.kind == "action" and e.action is not None
                       and policy.Action(e.action).restarts_coordinator),
       "steps_lost": sum(e.steps_lost or 0 for e in events if e.kind == "recovered"),
+      "steps_reexecuted": sum(e.steps_reexecuted or 0 for e in events),
   }

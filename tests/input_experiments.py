@@ -1,0 +1,80 @@
+"""Experiments that count what they train on, for the input-coverage tests.
+
+Loaded by a real chief as `--experiment=input_experiments:counting` (this
+directory on PYTHONPATH), or called in-process. `counting` trains on the ids
+`0 .. examples-1` of a finite dataset in the documented
+`dataset_fn(input_context)` form (one epoch, no repeat) and adds 1 to a
+checkpointed `counts[id]` for every id of every batch: after a run, the
+final checkpoint says how often each example was trained on. Settings
+(`--experiment_params`): `examples` (default 4000), `step_sleep_ms`
+(default 0: every batch takes this long to read), `work` (default 0: a
+[batch, work] x [work, batch] matmul per step on the worker, so that a
+working worker uses CPU as a real one does).
+"""
+
+import orbit
+import tensorflow as tf
+
+from tfps import Experiment
+
+
+class CountingTrainer(orbit.StandardTrainer):
+  """A plain Orbit trainer whose step counts the ids of its batch."""
+
+  def __init__(self, counts: tf.Variable, global_step: tf.Variable, dataset, work: int = 0):
+    self.strategy = tf.distribute.get_strategy()
+    self.counts, self.global_step, self._work = counts, global_step, work
+    super().__init__(dataset)
+
+  def train_step(self, iterator):
+    ids = next(iterator)
+    self.counts.scatter_add(tf.IndexedSlices(tf.ones_like(ids, tf.int32), ids))
+    self.global_step.assign_add(1)
+    logs = {"loss": tf.cast(tf.size(ids), tf.float32)}
+    if self._work:
+      x = tf.cast(ids[:, tf.newaxis], tf.float32) * tf.ones([1, self._work])
+      logs["work"] = tf.reduce_mean(tf.matmul(x, x, transpose_b=True))
+    return logs
+
+
+def dataset_fn_for(examples: int, batch_size: int, sleep_ms: int = 0):
+  """One epoch of ids, shard i of n strided so that building any shard is cheap."""
+
+  def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+    dataset = tf.data.Dataset.range(tf.cast(input_context.input_pipeline_id, tf.int64),
+                                    examples,
+                                    tf.cast(input_context.num_input_pipelines, tf.int64)
+                                    ).batch(batch_size)
+    if sleep_ms:  # A slow input: every batch takes this long (on the worker).
+      dataset = dataset.apply(tf.data.experimental.sleep(sleep_ms * 1000))
+    return dataset
+
+  return dataset_fn
+
+
+def counting(context):
+  examples = int(context.params.get("examples", 4000))
+  sleep_ms = int(context.params.get("step_sleep_ms", 0))
+  counts = tf.Variable(tf.zeros([examples], tf.int32), name="counts")
+  step = orbit.utils.create_global_step()
+  trainer = CountingTrainer(counts, step,
+                            dataset_fn_for(examples, context.global_batch_size, sleep_ms),
+                            work=int(context.params.get("work", 0)))
+  return Experiment(trainer=trainer, evaluator=None, checkpoint_items={"counts": counts},
+                    global_step=step)
+
+
+def counts_in(checkpoint_path: str):
+  """The `counts` saved in a checkpoint, as a numpy array (no cluster needed)."""
+  return tf.train.load_checkpoint(checkpoint_path).get_tensor("counts/.ATTRIBUTES/VARIABLE_VALUE")
+
+
+def expected_counts(examples: int, batch_size: int, shard_lengths, chunks):
+  """How often each id is in `chunks` ([shard, start, count, epoch]) of `dataset_fn_for`."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  shards = len(shard_lengths)
+  expected = np.zeros([examples], np.int64)
+  for shard, start, count, _ in chunks:
+    ids = np.arange(shard, examples, shards)[start * batch_size:(start + count) * batch_size]
+    expected[ids] += 1
+  return expected

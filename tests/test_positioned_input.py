@@ -1,0 +1,99 @@
+"""Positioned input on a real (in-process) cluster: every example once per epoch.
+
+The `counting` experiment (input_experiments.py) adds 1 to a checkpointed
+`counts[id]` for every id it trains on, so the final checkpoint is the
+ground truth of what training read. Faults are in test_input_cluster.py;
+here: plain runs, a resumed run, and the input forms that are refused.
+"""
+
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfps.cluster import inprocess
+from tfps.coordinator import chief
+from tfps.coordinator import experiment as experiment_lib
+from tfps.coordinator import positioned as positioned_lib
+from tfps.coordinator import strategy as strategy_lib
+from tfps.coordinator import trainer as trainer_lib
+from tfps.recovery import coverage
+from tfps.recovery import errors
+from tfps.recovery import progress as progress_lib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import input_experiments  # pylint: disable=wrong-import-position
+
+# 60 batches in 12 shards of 5 (shards of about one 5-step closure): no short batch.
+EXAMPLES, BATCH, EPOCH = 960, 16, 60
+
+
+@pytest.fixture(scope="module")
+def cluster():
+  return inprocess.start(1, 2).cluster
+
+
+@pytest.fixture(scope="module")
+def runtime(cluster):
+  return strategy_lib.connect(cluster, ready_timeout=30)
+
+
+def _config(cluster, model_dir, **overrides):
+  kwargs = dict(cluster=cluster, model_dir=str(model_dir), mode="train",
+                experiment="input_experiments:counting",
+                experiment_params={"examples": str(EXAMPLES)}, global_batch_size=BATCH,
+                steps_per_loop=20, checkpoint_interval=20, steps_per_closure=5,
+                ready_timeout=30)
+  kwargs.update(overrides)
+  return chief.ChiefConfig(**kwargs)
+
+
+def _counts(result):
+  return input_experiments.counts_in(result.checkpoint)
+
+
+def _coverage(model_dir):
+  return coverage.account(progress_lib.ProgressLog(str(model_dir)).read_new())
+
+
+def test_one_epoch_trains_every_example_once(cluster, tmp_path):
+  result = chief.run_chief(_config(cluster, tmp_path, train_steps=EPOCH))
+  assert result.global_step == EPOCH
+  assert np.array_equal(_counts(result), np.ones(EXAMPLES, np.int32))
+  assert result.input["positioned"] and result.input["batches_per_epoch"] == EPOCH
+  accounted = _coverage(tmp_path)
+  assert accounted.ok and accounted.epochs_completed == 1 and accounted.kept == EPOCH
+
+
+def test_a_resumed_run_continues_the_epoch_where_the_checkpoint_was(cluster, tmp_path):
+  first = chief.run_chief(_config(cluster, tmp_path, train_steps=30))
+  counts = _counts(first)
+  assert counts.sum() == 30 * BATCH and counts.max() == 1  # Part of an epoch, none twice.
+  second = chief.run_chief(_config(cluster, tmp_path, train_steps=EPOCH * 2))
+  assert np.array_equal(_counts(second), np.full(EXAMPLES, 2, np.int32))
+  accounted = _coverage(tmp_path)
+  assert accounted.ok and accounted.epochs_completed == 2
+
+
+def test_a_python_generator_cannot_be_positioned(runtime):
+  def gen():
+    yield from range(10)
+
+  dataset = tf.data.Dataset.from_generator(gen, output_signature=tf.TensorSpec([], tf.int64))
+  with pytest.raises(errors.UsageError, match="from_generator or py_function"):
+    positioned_lib.PositionedInput(lambda ctx: dataset.batch(2), num_replicas_in_sync=1,
+                                   what="MyTrainer.train_dataset")
+
+
+def test_endless_input_is_read_per_worker_and_said_once(runtime, caplog):
+  step = tf.Variable(0, dtype=tf.int64)
+  endless = input_experiments.dataset_fn_for(100, 4)
+  trainer = input_experiments.CountingTrainer(
+      tf.Variable(tf.zeros([100], tf.int32)), step, lambda ctx: endless(ctx).repeat())
+  with caplog.at_level("WARNING"):
+    ps_trainer = trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=5)
+  assert not ps_trainer.positioned and ps_trainer.ledger is None
+  assert "is endless (repeat()?)" in caplog.text

@@ -1,0 +1,144 @@
+"""Training input read at positions the coordinator hands out (see `ledger`).
+
+`PositionedInput` turns a trainer's finite `train_dataset` (a
+`dataset_fn(input_context)` or a `tf.data.Dataset`) into shards and reads a
+chunk of one shard inside a closure: `chunk(num_shards, shard, start)` is
+the shard's dataset from batch `start` on, built on the worker by the
+closure itself, so that its position lives in the closure's arguments and
+not in a worker's iterator.
+
+Shards: shard `s` of `S` is `dataset_fn(InputContext(S, s))` (the same
+contract as per-worker input, with shards in place of workers), or
+`dataset.shard(S, s)` for a `tf.data.Dataset`. Unless `--input_shards` says
+otherwise, `S` makes a shard about one closure long (total batches /
+steps per closure), so most chunks are a whole shard and start at batch 0.
+A chunk that starts inside a shard costs a `skip(start)`, which tf.data
+does by reading the skipped batches; keep shards short or cheap to skip.
+
+What cannot be positioned is refused or said at the start, before training:
+a dataset built from Python state (`from_generator`, `py_function`) cannot
+run on the workers (UsageError); an endless dataset (`repeat()`) has no
+epochs to count and no position to resume from, so it is read by per-worker
+iterators as before, with one warning line (`is_endless`).
+"""
+
+import math
+from typing import Any
+
+from absl import logging
+import tensorflow as tf
+
+from tfps.coordinator import datasets
+from tfps.coordinator import ledger as ledger_lib
+from tfps.coordinator import messages
+from tfps.recovery import errors
+
+# Largest number of batches counted on the chief for a dataset whose
+# cardinality tf.data does not know; more is treated as endless.
+_MAX_COUNTED_BATCHES = 10_000_000
+# Most shards made by default: each costs one dataset built on the chief at
+# the first start of a model_dir (to measure it). Past this, shards hold more
+# than a closure, and chunks inside them pay for their skip: a larger input
+# wants --input_shards and shards that are cheap to position (files).
+_MAX_DEFAULT_SHARDS = 1024
+
+
+class LedgerState(tf.train.experimental.PythonState):
+  """The input ledger as a checkpointed object (saved and restored with the model)."""
+
+  def __init__(self):
+    self.ledger: ledger_lib.InputLedger | None = None
+
+  def serialize(self) -> str:
+    if self.ledger is None:
+      raise errors.PermanentError("internal: a checkpoint was saved before the input was measured")
+    return self.ledger.to_json()
+
+  def deserialize(self, string_value) -> None:
+    text = string_value.decode("utf-8") if isinstance(string_value, bytes) else string_value
+    self.ledger = ledger_lib.InputLedger.from_json(text)
+
+
+class PositionedInput:
+  """A finite training dataset, split into shards read chunk by chunk."""
+
+  def __init__(self, dataset: Any, *, num_replicas_in_sync: int, what: str):
+    self._what = what
+    self._replicas = num_replicas_in_sync
+    if isinstance(dataset, tf.data.Dataset):
+      shipped = datasets.ShippedDataset(dataset, what=what)  # Python state: UsageError.
+      self._shard_fn = lambda n, s: shipped.rebuild().shard(n, s)
+    elif callable(dataset):
+      fn = dataset
+      if datasets.takes_input_context(fn):
+        self._shard_fn = lambda n, s: fn(tf.distribute.InputContext(
+            num_input_pipelines=n, input_pipeline_id=s,
+            num_replicas_in_sync=num_replicas_in_sync))
+      else:
+        self._shard_fn = lambda n, s: fn().shard(n, s)
+    else:
+      raise errors.UsageError(
+          f"{what}: expected a tf.data.Dataset or a dataset_fn(input_context), "
+          f"got {type(dataset).__name__}")
+    whole = self._build(1, 0)
+    datasets.check_runs_on_workers(whole, what=what)
+    self._total = _length(whole)  # None: endless.
+
+  @property
+  def is_endless(self) -> bool:
+    return self._total is None
+
+  def measure(self, *, num_shards: int | None, steps_per_closure: int) -> ledger_lib.InputLedger:
+    """A new ledger: the shards' lengths (read on the chief; counted if tf.data cannot say)."""
+    if self._total is None:
+      raise errors.PermanentError(f"internal: {self._what} is endless and cannot be measured")
+    if num_shards is None:
+      num_shards = max(1, min(_MAX_DEFAULT_SHARDS, math.ceil(self._total / steps_per_closure)))
+    lengths = []
+    for shard in range(num_shards):
+      length = _length(self._build(num_shards, shard))
+      if length is None:
+        raise errors.UsageError(
+            f"{self._what}: shard {shard} of {num_shards} is endless although the whole "
+            "dataset is not; a dataset_fn must make shard i of n a part of the whole")
+      lengths.append(length)
+    empty = sum(1 for n in lengths if n == 0)
+    logging.info("%s: %d batches per epoch in %d shards (%d empty)", self._what, sum(lengths),
+                 num_shards, empty)
+    if empty > num_shards // 2:
+      logging.warning("%s: %d of %d input shards are empty (is the input split by file?); "
+                      "--input_shards=<number of files> would make each shard one part",
+                      self._what, empty, num_shards)
+    return ledger_lib.InputLedger(lengths)
+
+  def chunk(self, num_shards: int, shard: tf.Tensor, start: tf.Tensor) -> tf.data.Dataset:
+    """Shard `shard` of `num_shards` from batch `start` on (tensors: built in a closure)."""
+    return self._build(num_shards, shard).skip(start)
+
+  def _build(self, num_shards: int, shard) -> tf.data.Dataset:
+    try:
+      dataset = self._shard_fn(num_shards, shard)
+    except errors.TfpsError:
+      raise
+    except Exception as e:  # User code: one line that names it.
+      raise errors.UsageError(
+          f"{self._what}: building shard {shard} of {num_shards} raised "
+          f"{type(e).__name__}: {messages.one_line(e)}") from e
+    if not isinstance(dataset, tf.data.Dataset):
+      raise errors.UsageError(
+          f"{self._what}: the dataset_fn returned {type(dataset).__name__}, "
+          "expected a tf.data.Dataset")
+    return dataset
+
+
+def _length(dataset: tf.data.Dataset) -> int | None:
+  """Batches in `dataset`; None if it is endless (or longer than we count)."""
+  cardinality = int(dataset.cardinality())
+  if cardinality == tf.data.INFINITE_CARDINALITY:
+    return None
+  if cardinality != tf.data.UNKNOWN_CARDINALITY:
+    return cardinality
+  counted = int(dataset.take(_MAX_COUNTED_BATCHES + 1).reduce(
+      tf.constant(0, tf.int64), lambda n, _: n + 1))
+  return None if counted > _MAX_COUNTED_BATCHES else counted
+
