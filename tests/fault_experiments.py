@@ -1,7 +1,8 @@
 """Experiments that misbehave on purpose, for the multi-process recovery tests.
 
 Loaded by a real chief as `--experiment=fault_experiments:NAME` with this
-directory on PYTHONPATH. Both are the small ctr experiment plus one fault:
+directory on PYTHONPATH. Both are the `counting` experiment
+(input_experiments.py; cheap to build and trace) plus one fault:
 
 * `blocking_save`: a checkpoint save at or after step `block_at_step` writes
   the file `marker` and then blocks, so a test can kill the chief exactly in
@@ -14,12 +15,13 @@ import time
 
 import tensorflow as tf
 
-from tfps.coordinator import ctr
 from tfps.coordinator import experiment as experiment_lib
+
+import input_experiments
 
 
 def _split(context, *keys):
-  """Our own params out of the context, the rest left for ctr."""
+  """Our own params out of the context, the rest left for the counting experiment."""
   params = dict(context.params)
   ours = {k: params.pop(k) for k in keys if k in params}
   return dataclasses.replace(context, params=params), ours
@@ -47,22 +49,22 @@ class _BlockingSave(tf.train.experimental.PythonState):
 
 def blocking_save(context):
   context, ours = _split(context, "block_at_step", "marker")
-  experiment = ctr.factory(context)
+  experiment = input_experiments.counting(context)
   items = dict(experiment.checkpoint_items, blocker=_BlockingSave(
       experiment.global_step, int(ours.get("block_at_step", 0)), ours.get("marker", "")))
   return dataclasses.replace(experiment, checkpoint_items=items)
 
 
-class _NanTrainer(ctr.CtrTrainer):
+class _NanTrainer(input_experiments.CountingTrainer):
   def train_step(self, iterator):
     logs = super().train_step(iterator)
     return {"loss": logs["loss"] + tf.math.log(-1.0)}  # Real NaN, computed on a worker.
 
 
 def nan_loss(context):
-  experiment = ctr.factory(context)
+  experiment = input_experiments.counting(context)
   t = experiment.trainer
-  trainer = _NanTrainer(t.model, t.optimizer, t.train_dataset)
+  trainer = _NanTrainer(t.counts, t.global_step, t.train_dataset)
   return experiment_lib.Experiment(
       trainer=trainer, evaluator=experiment.evaluator,
       checkpoint_items=experiment.checkpoint_items, global_step=experiment.global_step)

@@ -295,7 +295,7 @@ def test_killed_during_a_checkpoint_save_restores_the_last_complete_one(cluster,
   try:
     blocked = _chief_run(
         cluster, str(tmp_path / "model"), experiment="fault_experiments:blocking_save",
-        params=f"{cluster_helpers.SMALL_CTR},"
+        params=f"{COUNTING},"
                f"block_at_step={2 * cluster_helpers.CHECKPOINT_INTERVAL},marker={marker}")
     blocked.chief.start()
     processes.wait_until(marker.exists, timeout=240, what="the chief to block mid-save")
@@ -310,7 +310,7 @@ def test_killed_during_a_checkpoint_save_restores_the_last_complete_one(cluster,
     assert not os.path.exists(tmp_path / "model" / f"ckpt-{blocked_step}.index")
     resumed = _chief_run(cluster, str(tmp_path / "model"),
                          experiment="fault_experiments:blocking_save",
-                         params=f"{cluster_helpers.SMALL_CTR},block_at_step=0")
+                         params=f"{COUNTING},block_at_step=0")
     resumed.chief.start()
     resumed.wait_for_step(complete_step, timeout=180)
     assert resumed.restores[-1].step == complete_step
@@ -322,8 +322,7 @@ def test_killed_during_a_checkpoint_save_restores_the_last_complete_one(cluster,
 
 def test_nan_loss_is_permanent_and_not_retried(cluster, tmp_path):
   cluster_helpers.stop_chief(cluster)
-  nan = _chief_run(cluster, str(tmp_path / "model"), experiment="fault_experiments:nan_loss",
-                   params=cluster_helpers.SMALL_CTR)
+  nan = _chief_run(cluster, str(tmp_path / "model"), experiment="fault_experiments:nan_loss")
   nan.chief.start()
   assert nan.chief.wait(timeout=180) == 1
   log = nan.log()
