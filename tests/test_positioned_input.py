@@ -97,3 +97,23 @@ def test_endless_input_is_read_per_worker_and_said_once(runtime, caplog):
     ps_trainer = trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=5)
   assert not ps_trainer.positioned and ps_trainer.ledger is None
   assert "is endless (repeat()?)" in caplog.text
+
+
+def test_a_loop_cut_short_by_an_interrupt_takes_no_chunk_it_does_not_train(runtime):
+  step = tf.Variable(0, dtype=tf.int64)
+  counts = tf.Variable(tf.zeros([EXAMPLES], tf.int32))
+  trainer = input_experiments.CountingTrainer(
+      counts, step, input_experiments.dataset_fn_for(EXAMPLES, BATCH))
+  ps_trainer = trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=5, pause=lambda: True)
+  ps_trainer.train(tf.constant(20))  # Pending from the start: one closure, then stop.
+  assert ps_trainer.closures_scheduled == 1
+  assert int(step.numpy()) == ps_trainer.ledger.taken == 5
+  assert counts.numpy().sum() == 5 * BATCH
+
+
+def test_orbits_step_count_warning_does_not_reach_the_log(caplog):
+  from absl import logging  # pylint: disable=import-outside-toplevel
+  with caplog.at_level("WARNING"), chief._orbit_step_warning_dropped():
+    logging.warning("`trainer.train(100)` did not update `global_step` by 100. Old value ...")
+    logging.warning("another warning")
+  assert "did not update" not in caplog.text and "another warning" in caplog.text

@@ -26,6 +26,7 @@ logged), since stdout carries the command line's JSON result.
 
 import contextlib
 import io
+import logging as py_logging
 import os
 from typing import Any, Callable, Mapping
 
@@ -62,6 +63,30 @@ ChiefResult = api.ChiefResult
 class _Discard(io.TextIOBase):
   def write(self, text: str) -> int:
     return len(text)
+
+
+class _StepCountWarning(py_logging.Filter):
+  """Drops Orbit's "did not update `global_step` by N" warning.
+
+  The global step counts each scheduled step once (`trainer.PSTrainer` takes
+  back the steps TensorFlow re-ran in retried closures, and reports them), so
+  the warning can only mean a loop cut short by an interrupt, which the
+  trainer logs itself before the chief saves.
+  """
+
+  def filter(self, record: py_logging.LogRecord) -> bool:
+    return "did not update `global_step`" not in str(record.msg)
+
+
+@contextlib.contextmanager
+def _orbit_step_warning_dropped():
+  orbit_filter = _StepCountWarning()
+  logger = py_logging.getLogger("absl")
+  logger.addFilter(orbit_filter)
+  try:
+    yield
+  finally:
+    logger.removeFilter(orbit_filter)
 
 
 class _Controller(orbit.Controller):
@@ -288,7 +313,7 @@ def _run_connected(config: ChiefConfig, interrupts: interrupts_lib.Interrupts, f
 
   eval_output = None
   # orbit.Controller prints its log lines on stdout as well as logging them.
-  with contextlib.redirect_stdout(_Discard()):
+  with contextlib.redirect_stdout(_Discard()), _orbit_step_warning_dropped():
     controller = _Controller(
         experiment_name=config.experiment, global_step=global_step, trainer=measured,
         evaluator=evaluator, strategy=runtime.strategy,

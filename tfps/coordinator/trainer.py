@@ -294,7 +294,9 @@ class PSTrainer(orbit.StandardTrainer):
             chunks.append(chunk)
           self.closures_scheduled += 1
           if self._pause():  # Before the next chunk is taken: none is left untrained.
-            break  # Finish what runs (join below); the chief saves next.
+            logging.info("loop cut short after %d closures: an interrupt is pending "
+                         "(the chief saves next)", len(scheduled))
+            break  # Finish what runs (join below).
       coordinator.join()
       reexecuted = self._count_each_step_once(start_step, sum(size for size, _ in scheduled))
       self.last_loop = LoopInput(chunks=tuple(chunks), reexecuted=reexecuted)
