@@ -288,6 +288,9 @@ def test_worker_gone_then_back_restarts_the_coordinator_without_then_with_it(tmp
   gone = [e for e in log.read() if e.failure == Kind.WORKER_GONE.value]
   assert [(e.kind, e.task) for e in gone] == [("failure", "worker:1"), ("action", "worker:1")]
   assert gone[1].action == policy.Action.RESTART_WITHOUT_TASK.value
+  changes = [(e.task, e.worker_change, e.workers_left_out) for e in log.read()
+             if e.worker_change is not None]
+  assert changes == [("worker:1", "gone", ("worker:1",)), ("worker:1", "back", ())]
   assert harness.cluster_waits == 0
 
 

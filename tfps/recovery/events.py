@@ -32,6 +32,9 @@ class Event:
     steps_reexecuted: steps TensorFlow ran twice retrying a failed closure
       (the failed attempt's partial updates stay applied).
     seconds_to_recover: from detection to progress again, for `recovered`.
+    worker_change: for a worker left out of training (`gone`) or taken back
+      (`back`) by the supervisor: that change (recovery.worker_watch.Change).
+    workers_left_out: with `worker_change`, every worker left out after it.
     detail: one human-readable line.
     time: seconds since the epoch.
   """
@@ -44,12 +47,16 @@ class Event:
   steps_lost: int | None = None
   steps_reexecuted: int | None = None
   seconds_to_recover: float | None = None
+  worker_change: str | None = None
+  workers_left_out: tuple[str, ...] | None = None
   detail: str = ""
   time: float = dataclasses.field(default_factory=time.time)
 
   def __post_init__(self):
     if self.kind not in ("failure", "action", "recovered"):
       raise ValueError(f"kind ({self.kind!r}) must be failure, action or recovered")
+    if self.workers_left_out is not None:  # JSON gives a list back.
+      object.__setattr__(self, "workers_left_out", tuple(self.workers_left_out))
 
 
 class EventLog:

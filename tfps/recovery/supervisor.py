@@ -209,10 +209,12 @@ class Supervisor:
         # We stopped it (it saved) to change its cluster: not a failure.
         what, worker = change
         preposition = "without" if what == worker_watch.Change.GONE else "with"
+        left_out = tuple(sorted(map(str, self.excluded)))
         self._events.append(events_lib.Event(
-            kind="recovered", task=str(worker), detail=
+            kind="recovered", task=str(worker), worker_change=what.value,
+            workers_left_out=left_out, detail=
             f"coordinator restarting {preposition} {worker}; "
-            f"workers left out: {sorted(map(str, self.excluded)) or 'none'}"))
+            f"workers left out: {', '.join(left_out) or 'none'}"))
         continue
       report = self._exit_report()
       if self._trained():
