@@ -93,7 +93,8 @@ def test_ps_loss_restarts_the_coordinator_after_the_cluster_is_back(tmp_path):
   assert harness.cluster_waits == 2 and len(harness.started) == 3
   assert [e.kind for e in log] == ["failure", "action", "recovered"] * 2
   assert log[1].action == policy.Action.WAIT_AND_RESTART.value
-  assert events.summarize(log) == {"faults": 2, "restarts": 2, "steps_lost": 0}
+  assert events.summarize(log) == {"faults": 2, "restarts": 2, "steps_lost": 0,
+                                   "steps_reexecuted": 0}
 
 
 @pytest.mark.parametrize("code, exit_code", [(1, errors.ExitCode.PERMANENT),
