@@ -37,10 +37,14 @@ from tfps.recovery import errors
 # cardinality tf.data does not know; more is treated as endless.
 _MAX_COUNTED_BATCHES = 10_000_000
 # Most shards made by default: each costs one dataset built on the chief at
-# the first start of a model_dir (to measure it). Past this, shards hold more
-# than a closure, and chunks inside them pay for their skip: a larger input
-# wants --input_shards and shards that are cheap to position (files).
-_MAX_DEFAULT_SHARDS = 1024
+# the first start of a model_dir (to measure it; ~10-50 ms for a pipeline
+# with a map). Past this, shards hold more than a closure, and chunks inside
+# them pay for their skip: a larger input wants --input_shards and shards
+# that are cheap to position (files).
+_MAX_DEFAULT_SHARDS = 256
+# A "finite" dataset longer than this (e.g. range(2**62)) is a stream that
+# will never end an epoch: read as endless input.
+_ENDLESS_BATCHES = 2**40
 
 
 class LedgerState(tf.train.experimental.PythonState):
@@ -134,7 +138,7 @@ class PositionedInput:
 def _length(dataset: tf.data.Dataset) -> int | None:
   """Batches in `dataset`; None if it is endless (or longer than we count)."""
   cardinality = int(dataset.cardinality())
-  if cardinality == tf.data.INFINITE_CARDINALITY:
+  if cardinality == tf.data.INFINITE_CARDINALITY or cardinality > _ENDLESS_BATCHES:
     return None
   if cardinality != tf.data.UNKNOWN_CARDINALITY:
     return cardinality
