@@ -219,8 +219,9 @@ def _classified_errors(phase: str, input_cannot_end: Callable[[], bool] = lambda
           f"(broken by a transient network failure); restarting with new iterators: "
           f"{messages.one_line(e.message)}") from e
     raise errors.PermanentError(
-        f"{phase}: a dataset ran out ({messages.one_line(e.message)}); "
-        "training datasets must repeat()") from e
+        f"{phase}: a dataset ran out ({messages.one_line(e.message)}); a finite training "
+        "dataset ran out before the length measured at this model_dir's first start: did "
+        "the data change? (use a new model_dir)") from e
   except tf.errors.OpError as e:
     raise errors.PermanentError(
         f"{phase} failed: {type(e).__name__}: {messages.one_line(e.message)}") from e
@@ -337,9 +338,11 @@ def _run_connected(config: ChiefConfig, interrupts: interrupts_lib.Interrupts, f
       raise errors.UsageError(
           f"mode (eval) needs a checkpoint; model_dir ({config.model_dir}) has none")
     eval_steps = config.eval_steps or -1
-    cannot_end = lambda: experiment.trainer is not None and input_cannot_end(
+    # Positioned input never reads past a shard's measured end; endless input
+    # can only end when its iterator broke (see `input_cannot_end`).
+    cannot_end = lambda: not positioned and experiment.trainer is not None and input_cannot_end(
         experiment.trainer.train_dataset, num_workers=runtime.num_workers,
-        num_replicas_in_sync=runtime.strategy.num_replicas_in_sync, steps=config.train_steps)
+        num_replicas_in_sync=runtime.strategy.num_replicas_in_sync, steps=train_steps)
     if config.mode != Mode.EVAL:
       if start_step >= train_steps:
         logging.info("already at step %d >= train_steps (%d); nothing to train",

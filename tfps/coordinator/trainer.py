@@ -333,8 +333,9 @@ class PSTrainer(orbit.StandardTrainer):
 def _positioned_input(dataset: Any, runtime: strategy_lib.PSRuntime,
                       what: str) -> positioned_lib.PositionedInput | None:
   """The positioned form of a trainer's input; None where per-worker iterators read it."""
-  if isinstance(dataset, tf.distribute.DistributedDataset):
-    return None  # per_worker_dataset says what it means.
+  if isinstance(dataset, tf.distribute.DistributedDataset) or not (
+      isinstance(dataset, tf.data.Dataset) or callable(dataset)):
+    return None  # A DistributedDataset or a structure of datasets: per_worker_dataset.
   positioned = positioned_lib.PositionedInput(
       dataset, num_replicas_in_sync=runtime.strategy.num_replicas_in_sync, what=what)
   if positioned.is_endless:
