@@ -31,8 +31,9 @@ from tfps.recovery import interrupts as interrupts_lib
 from tfps.recovery import progress as progress_log
 
 NUM_PS, NUM_WORKERS = 2, 2
+# One epoch of 512 batches of 256: more than any test here trains.
 SMALL_CTR = {"vocab_sizes": "3000:2000:1000", "embedding_dim": "8", "hidden": "32:16",
-             "eval_examples": "4096"}
+             "eval_examples": "4096", "train_examples": "131072"}
 
 
 @pytest.fixture(scope="module")
@@ -243,12 +244,13 @@ def _reference_ctr_metrics(model, config, seed, batch):
   return {k: float(v) for k, v in out.items()}, float(reference.loss.count.numpy())
 
 
-def test_exact_eval_equals_single_machine_metrics(runtime):
+def test_exact_eval_equals_single_machine_metrics(runtime, tmp_path):
   config = ctr.CtrConfig.from_params(dict(SMALL_CTR, eval_examples="1000"))
   with runtime.strategy.scope():
     model = ctr.build_model(config, seed=3)
     optimizer = tf_keras.optimizers.Adam(0.01)
-    trainer = ctr.CtrTrainer(model, optimizer, ctr.train_dataset_fn(config, 3, 128))
+    trainer = ctr.CtrTrainer(model, optimizer,
+                             ctr.train_dataset_fn(config, 3, 128, data_dir=str(tmp_path)))
     evaluator = ctr.CtrEvaluator(model, ctr.eval_dataset_fn(config, 3, 64))
   trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=10).train(tf.constant(40))
   expected, count = _reference_ctr_metrics(model, config, 3, 64)
@@ -380,8 +382,12 @@ def _step_transfers(runtime, train_step, features, labels) -> dict[str, list[str
       metadata = context.context().export_run_metadata()
     finally:
       context.context().disable_run_metadata()
-  # The step itself (other functions may run too: variable reads, datasets).
-  function = max(metadata.function_graphs, key=lambda f: len(f.pre_optimization_graph.node))
+  # The step itself (other functions may run too: variable reads, datasets),
+  # the largest one that spans devices: functions this process instantiated
+  # earlier (e.g. the one that wrote ctr's training files) can be reported
+  # here too, on one device.
+  function = max((f for f in metadata.function_graphs if len(f.partition_graphs) > 1),
+                 key=lambda f: len(f.pre_optimization_graph.node))
   transfers = {}
   if True:
     for partition in function.partition_graphs:
@@ -399,10 +405,10 @@ def _step_transfers(runtime, train_step, features, labels) -> dict[str, list[str
   return transfers
 
 
-def _ctr_parts(runtime):
+def _ctr_parts(runtime, model_dir):
   config = ctr.CtrConfig.from_params(SMALL_CTR)
   context = experiment_lib.ExperimentContext(
-      strategy=runtime.strategy, coordinator=runtime.coordinator, model_dir="",
+      strategy=runtime.strategy, coordinator=runtime.coordinator, model_dir=str(model_dir),
       global_batch_size=256, seed=3, num_workers=NUM_WORKERS, num_ps=NUM_PS, params=SMALL_CTR)
   with runtime.strategy.scope():
     trainer = ctr.factory(context).trainer
@@ -423,10 +429,10 @@ def _plain_step(trainer):
   return lambda inputs: trainer.strategy.run(step_fn, args=inputs)
 
 
-def test_a_ctr_step_moves_three_tensors_to_and_from_one_ps(cluster):
+def test_a_ctr_step_moves_three_tensors_to_and_from_one_ps(cluster, tmp_path):
   # Tables whole (tfps's default placement for a table this small).
   whole = strategy_lib.connect(cluster, ready_timeout=30, min_shard_bytes=None)
-  trainer, features, labels = _ctr_parts(whole)
+  trainer, features, labels = _ctr_parts(whole, tmp_path)
   pulled = _step_transfers(whole, lambda inputs: trainer.train_step(iter([inputs])),
                            features, labels)
   # The unique ids out, the rows and the MLP's weights back in one tensor,
@@ -440,8 +446,8 @@ def test_a_ctr_step_moves_three_tensors_to_and_from_one_ps(cluster):
   assert sum(map(len, plain.values())) == 6, plain
 
 
-def test_pull_push_on_a_table_split_over_the_ps_equals_reading_the_variables(runtime):
-  trainer, features, labels = _ctr_parts(runtime)  # 16 KiB shards: split over both ps.
+def test_pull_push_on_a_table_split_over_the_ps_equals_reading_the_variables(runtime, tmp_path):
+  trainer, features, labels = _ctr_parts(runtime, tmp_path)  # 16 KiB shards: split over both ps.
   model = trainer.model
   assert len(model.table.variables) == NUM_PS
   transfers = _step_transfers(runtime, lambda inputs: trainer.train_step(iter([inputs])),

@@ -1,5 +1,7 @@
 """The ctr experiment's settings and synthetic data, without a cluster."""
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -16,12 +18,28 @@ def test_params_parse_and_validate():
   assert sum(ctr.CtrConfig().vocab_sizes) >= 100_000  # The default is "large".
 
 
+def test_data_params_parse_and_the_data_dir_defaults_to_the_model_dir(tmp_path):
+  config = ctr.CtrConfig.from_params(
+      {"train_examples": "5000", "records_per_file": "100", "data_dir": "/shared/ctr"})
+  assert (config.train_examples, config.records_per_file) == (5000, 100)
+  assert ctr.training_data_dir(config, "/model") == "/shared/ctr"
+  assert ctr.CtrConfig().train_examples == 2048 * 512  # One epoch: about `tfps local`'s steps.
+  assert ctr.training_data_dir(ctr.CtrConfig(), "/model") == "/model/data"
+  relative = ctr.CtrConfig(data_dir="rel")
+  assert ctr.training_data_dir(relative, "") == os.path.join(os.getcwd(), "rel")
+  with pytest.raises(errors.UsageError) as e:
+    ctr.training_data_dir(ctr.CtrConfig(), "")
+  assert str(e.value) == "ctr data_dir ('') must be set when there is no model_dir"
+
+
 @pytest.mark.parametrize("params,message", [
     ({"vocab": "10"}, "ctr: unknown setting(s) vocab (known: "),
     ({"vocab_sizes": "10:x"}, "ctr vocab_sizes ('10:x') is not a valid value"),
     ({"vocab_sizes": "10:0"}, "ctr vocab_sizes (10:0) must be positive integers"),
     ({"embedding_dim": "0"}, "ctr embedding_dim (0) must be a positive integer"),
     ({"learning_rate": "-1"}, "ctr learning_rate (-1.0) must be a positive number"),
+    ({"train_examples": "0"}, "ctr train_examples (0) must be a positive integer"),
+    ({"records_per_file": "1e3"}, "ctr records_per_file ('1e3') is not a valid value"),
 ])
 def test_bad_params_are_usage_errors(params, message):
   with pytest.raises(errors.UsageError) as e:

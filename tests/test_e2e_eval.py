@@ -68,12 +68,14 @@ CLIENT = textwrap.dedent(f'''
     runtime = strategy_lib.connect(cluster, ready_timeout=60, min_shard_bytes=16 << 10)
     config = ctr.CtrConfig.from_params({{
         "vocab_sizes": "3000:2000:1000", "embedding_dim": "8", "hidden": "32:16",
-        "eval_examples": "{EVAL_EXAMPLES}"}})
+        "eval_examples": "{EVAL_EXAMPLES}", "train_examples": "16384"}})
     with runtime.strategy.scope():
       model = ctr.build_model(config, seed=3)
       optimizer = tf_keras.optimizers.Adagrad(0.05)
       step = optimizer.iterations  # CtrTrainer counts steps with the optimizer.
-      trainer = ctr.CtrTrainer(model, optimizer, ctr.train_dataset_fn(config, 3, 256))
+      data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+      trainer = ctr.CtrTrainer(model, optimizer,
+                               ctr.train_dataset_fn(config, 3, 256, data_dir=data_dir))
       evaluator = ctr.CtrEvaluator(model, ctr.eval_dataset_fn(config, 3, 256))
     # Trained a little, so that the metrics are those of a real model.
     trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=10).train(tf.constant(40))

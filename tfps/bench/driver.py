@@ -60,8 +60,9 @@ def _window(run, steps: int, meter: cpu_lib.CpuMeter) -> tuple[int, float, dict]
 
 
 def measure_size(size: str, runtimes, config: config_lib.BenchConfig,
-                 meter: cpu_lib.CpuMeter) -> dict:
-  params = dict(config_lib.SIZES[size])
+                 meter: cpu_lib.CpuMeter, data_dir: str) -> dict:
+  # Every variant reads the same training files (written by the first).
+  params = dict(config_lib.SIZES[size], data_dir=data_dir)
   runs = {}
   # A whole loop traces the closures of a whole loop (a shorter one may not).
   warmup = max(config.warmup_steps, config.steps_per_loop)
@@ -104,7 +105,8 @@ def _load() -> str:
     return "?"
 
 
-def run(spec_path: str, config: config_lib.BenchConfig) -> dict:
+def run(spec_path: str, config: config_lib.BenchConfig, data_dir: str) -> dict:
+  """The measurements of `config`; the ctr's training files go to `data_dir`."""
   from tfps.coordinator import strategy as strategy_lib
   from tfps.bench import patterns
   cluster = spec_lib.from_json_file(spec_path, job_name="chief", task_index=0).cluster
@@ -133,7 +135,7 @@ def run(spec_path: str, config: config_lib.BenchConfig) -> dict:
                                                           config.noop_closures)
     logging.info("empty closure: %.0f µs each", out["noop_closure_us"])
   for size in config.sizes:
-    out["sizes"][size] = measure_size(size, runtimes, config, meter)
+    out["sizes"][size] = measure_size(size, runtimes, config, meter, data_dir)
   return out
 
 
@@ -148,7 +150,8 @@ def main(argv: list[str]) -> int:
   temp = scratch.use_for_temporary_files("tfps-bench-driver-")
   with open(argv[2], encoding="utf-8") as f:
     config = config_lib.BenchConfig.from_json(f.read())
-  result = run(argv[1], config)
+  # The ctr's training files go beside the config, in the run's work directory.
+  result = run(argv[1], config, os.path.join(os.path.dirname(os.path.abspath(argv[2])), "data"))
   with open(argv[3], "w", encoding="utf-8") as f:
     json.dump(result, f)
   sys.stderr.flush()

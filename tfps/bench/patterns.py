@@ -1,8 +1,8 @@
 """The training patterns `tfps bench` compares, written for the benchmark.
 
 Every pattern trains the built-in `ctr` experiment's own model, optimizer,
-data and `train_step` (so the same example i is seen at the same global step
-whichever pattern runs); only the way steps reach the workers differs:
+data (its training files, `params["data_dir"]`) and `train_step`; only the way
+steps reach the workers (and how they read the files) differs:
 
 * `SingleProcess`: Orbit's `StandardTrainer` loop in this process, no ps.
 * `Tutorial`: TensorFlow's PS tutorial: each step is one `schedule()` of a
@@ -12,6 +12,11 @@ whichever pattern runs); only the way steps reach the workers differs:
   Orbit loop, and `train_loop_end` joins (so one worker works at a time).
 * `Tfps`: `coordinator.trainer.PSTrainer`, exactly as the chief builds it,
   on a runtime from `coordinator.strategy.connect` (tfps's own defaults).
+
+The single process reads the whole file set, and each stock pattern's worker
+its part of it (`create_per_worker_dataset`), repeated: the way their sources
+read input (no position is kept). tfps reads the one epoch the experiment
+gives and positions it (the coordinator's input ledger).
 
 The stock patterns run on `stock_runtime`: the strategy as their sources
 build it (the tutorial splits the embedding table over the ps, Model Garden
@@ -152,7 +157,7 @@ class SingleProcess:
     parts = ctr.factory(context).trainer
     self.global_step = parts.global_step
     whole = tf.distribute.InputContext()
-    dataset = ctr.train_dataset_fn(config, seed, batch_size, parts.global_step)(whole)
+    dataset = parts.train_dataset(whole).repeat()  # The files' one epoch, over and over.
     trainer = ctr.CtrTrainer(parts.model, parts.optimizer, dataset)
     self._trainer = _LossMetric(trainer, trainer.train_dataset)
     self._evaluator = ctr.CtrEvaluator(
@@ -191,14 +196,18 @@ class _Distributed:
       return _auc(self._evaluator.evaluate(tf.constant(-1)))
 
   def stock_per_worker_dataset(self):
-    """The tutorial's way: `create_per_worker_dataset` of a function of the worker index."""
+    """The tutorial's way: `create_per_worker_dataset` of a function of the worker index.
+
+    Each worker reads its part of the files, repeated (the tutorial's
+    `dataset.shard(...).repeat()`); a worker that restarts starts it again.
+    """
     dataset_fn = self.experiment.trainer.train_dataset
     num_workers = self.runtime.num_workers
 
     def per_worker_fn():
       index = tf.distribute.coordinator.experimental_get_current_worker_index()
       return dataset_fn(tf.distribute.InputContext(
-          num_input_pipelines=num_workers, input_pipeline_id=index))
+          num_input_pipelines=num_workers, input_pipeline_id=index)).repeat()
 
     return self.runtime.coordinator.create_per_worker_dataset(per_worker_fn)
 

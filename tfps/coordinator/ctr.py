@@ -16,28 +16,42 @@ your own experiment (`factory` at the bottom is all the chief needs):
   written as for one machine: the runtime makes them parameter-server aware.
 
 Data is synthetic and deterministic: example `i` of a split is a pure
-function of `(seed, split, i)` (integer hashing, no random state), so any
-worker or eval shard can produce exactly its own examples. Labels come from a
-hidden "true" model: a weight per categorical id plus a linear function of the
-dense features, through a sigmoid. Ids are skewed toward small values (a few
-frequent ids, a long tail), as in real click logs. The best possible AUC
-(the true model's own) is about 0.845; dense features alone give about 0.74;
-the click rate is about 35%.
+function of `(seed, split, i)` (integer hashing, no random state). Labels come
+from a hidden "true" model: a weight per categorical id plus a linear function
+of the dense features, through a sigmoid. Ids are skewed toward small values
+(a few frequent ids, a long tail), as in real click logs. The best possible
+AUC (the true model's own) is about 0.845; dense features alone give about
+0.74; the click rate is about 35%.
+
+Training reads files, as a real CTR pipeline does: the first `train_examples`
+examples of the training split are written once as sharded TFRecord files of
+`tf.train.Example`s into `data_dir` (`tfps.coordinator.ctr_data`: reused by
+every run with the same settings, written atomically) and read one epoch at a
+time, shard `s` of `S` a contiguous run of whole batches read from only its
+own files. The runtime positions that finite input itself (every example
+trained on once per epoch, through faults; `tfps.coordinator.positioned`).
+Evaluation reads the held-out split in-graph: it is small, it is split
+exactly by index (every eval shard computes only its own examples), and it
+has no position to keep, so files would add nothing but a second copy.
 
 Settings (`ExperimentContext.params`, all optional): `vocab_sizes`
 (colon-separated, default 60000:30000:20000:10000:5000 = 125k rows),
 `embedding_dim` (16), `num_dense` (8), `hidden` (64:32), `learning_rate`
-(0.05, Adagrad), `eval_examples` (16384).
+(0.05, Adagrad), `eval_examples` (16384), `train_examples` (1048576: an
+epoch of 2048 steps of 512), `records_per_file` (16384), `data_dir` (where
+the training files go, shared by runs and users; default `<model_dir>/data`).
 """
 
 import dataclasses
 import math
+import os
 from typing import Mapping
 
 import orbit
 import tensorflow as tf
 import tf_keras
 
+from tfps.coordinator import ctr_data
 from tfps.coordinator import experiment as experiment_lib
 from tfps.coordinator import pull_push
 from tfps.recovery import errors
@@ -58,6 +72,9 @@ class CtrConfig:
   hidden: tuple[int, ...] = (64, 32)
   learning_rate: float = 0.05
   eval_examples: int = 16384
+  train_examples: int = 2**20
+  records_per_file: int = 16384
+  data_dir: str = ""  # "": <model_dir>/data.
 
   def __post_init__(self):
     for field in ("vocab_sizes", "hidden"):
@@ -65,13 +82,16 @@ class CtrConfig:
       if not values or any(not isinstance(v, int) or v < 1 for v in values):
         raise errors.UsageError(
             f"ctr {field} ({':'.join(map(str, values))}) must be positive integers")
-    for field in ("embedding_dim", "num_dense", "eval_examples"):
+    for field in ("embedding_dim", "num_dense", "eval_examples", "train_examples",
+                  "records_per_file"):
       value = getattr(self, field)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise errors.UsageError(f"ctr {field} ({value!r}) must be a positive integer")
     if not (isinstance(self.learning_rate, float) and 0 < self.learning_rate < math.inf):
       raise errors.UsageError(
           f"ctr learning_rate ({self.learning_rate!r}) must be a positive number")
+    if not isinstance(self.data_dir, str):
+      raise errors.UsageError(f"ctr data_dir ({self.data_dir!r}) must be a path")
 
   @classmethod
   def from_params(cls, params: Mapping[str, str]) -> "CtrConfig":
@@ -88,6 +108,8 @@ class CtrConfig:
           kwargs[key] = tuple(int(v) for v in text.split(":"))
         elif key == "learning_rate":
           kwargs[key] = float(text)
+        elif key == "data_dir":
+          kwargs[key] = text
         else:
           kwargs[key] = int(text)
       except ValueError:
@@ -146,29 +168,29 @@ def make_examples(index: tf.Tensor, config: CtrConfig, seed: int, split: int):
   return features, label[:, tf.newaxis]
 
 
-def train_dataset_fn(config: CtrConfig, seed: int, batch_size: int,
-                     global_step: tf.Variable | None = None):
-  """dataset_fn(input_context): an endless stream, one disjoint part per worker.
+def train_files(config: CtrConfig, seed: int, data_dir: str) -> ctr_data.TrainFiles:
+  """The training split's first `train_examples` examples as TFRecord files in `data_dir`.
 
-  With `global_step`, the stream starts after the examples already trained on
-  (global_step x batch_size, spread evenly over the input pipelines): a
-  resumed run, or a worker whose dataset is rebuilt after a restart, reads
-  new examples instead of replaying the first ones. TensorFlow creates the
-  dataset when a worker first needs it, so the step read is the current one.
+  Written on the first call for these settings (a line in the log says how
+  long it took), found on every later one, in this process or another.
   """
+  settings = ctr_data.DataSettings(
+      seed=seed, vocab_sizes=config.vocab_sizes, num_dense=config.num_dense,
+      num_examples=config.train_examples, records_per_file=config.records_per_file)
+  # One traced function for every file: half the time of running it eagerly.
+  examples = tf.function(lambda index: make_examples(index, config, seed, _TRAIN),
+                         input_signature=[tf.TensorSpec([None], tf.int64)])
+  return ctr_data.ensure_files(data_dir, settings, examples)
 
-  def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-    pipeline = tf.cast(input_context.input_pipeline_id, tf.int64)
-    pipelines = tf.cast(input_context.num_input_pipelines, tf.int64)
-    consumed = tf.constant(0, tf.int64)
-    if global_step is not None:
-      consumed = tf.cast(global_step.read_value(), tf.int64) * batch_size // pipelines
-    return (tf.data.Dataset.range(pipeline + consumed * pipelines, 2**62, pipelines)
-            .batch(batch_size, drop_remainder=True)
-            .map(lambda i: make_examples(i, config, seed, _TRAIN))
-            .prefetch(2))
 
-  return dataset_fn
+def train_dataset_fn(config: CtrConfig, seed: int, batch_size: int, *, data_dir: str):
+  """dataset_fn(input_context): one epoch of the training files, shard i of n.
+
+  Shard i is a contiguous run of whole batches (`ctr_data.TrainFiles`); the
+  runtime hands out its chunks and keeps its position. A per-worker pattern
+  reads `dataset_fn(InputContext(num_workers, worker)).repeat()`.
+  """
+  return train_files(config, seed, data_dir).dataset_fn(batch_size)
 
 
 def eval_dataset_fn(config: CtrConfig, seed: int, batch_size: int):
@@ -404,6 +426,18 @@ def build_model(config: CtrConfig, seed: int) -> CtrModel:
   return model
 
 
+def training_data_dir(config: CtrConfig, model_dir: str) -> str:
+  """Where the training files go: `data_dir`, else `<model_dir>/data`.
+
+  A local path is made absolute here: the workers read the files by the
+  paths the chief puts in the input's graph, from their own working directory.
+  """
+  path = config.data_dir or (model_dir and os.path.join(model_dir, "data"))
+  if not path:
+    raise errors.UsageError("ctr data_dir ('') must be set when there is no model_dir")
+  return path if "://" in path else os.path.abspath(path)
+
+
 def factory(context: experiment_lib.ExperimentContext) -> experiment_lib.Experiment:
   """The `ctr` experiment (called by the chief inside the strategy's scope)."""
   config = CtrConfig.from_params(context.params)
@@ -422,7 +456,8 @@ def factory(context: experiment_lib.ExperimentContext) -> experiment_lib.Experim
   batch = context.global_batch_size
   return experiment_lib.Experiment(
       trainer=CtrTrainer(model, optimizer,
-                         train_dataset_fn(config, context.seed, batch, global_step)),
+                         train_dataset_fn(config, context.seed, batch,
+                                          data_dir=training_data_dir(config, context.model_dir))),
       evaluator=CtrEvaluator(model, eval_dataset_fn(config, context.seed, batch)),
       checkpoint_items={"model": model, "optimizer": optimizer},
       global_step=global_step)

@@ -1,0 +1,259 @@
+"""The ctr experiment's training files: written once, read by shard, without a cluster."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfps.coordinator import ctr
+from tfps.coordinator import ctr_data
+from tfps.coordinator import example_records
+from tfps.coordinator import positioned
+from tfps.recovery import errors
+
+SEED = 3
+# 1000 examples in files of 64 records: 16 files, the last one short.
+CONFIG = ctr.CtrConfig(vocab_sizes=(300, 20000), num_dense=3, train_examples=1000,
+                       records_per_file=64)
+
+
+def _expected(config=CONFIG, seed=SEED):
+  """The training examples the files must hold, in order, straight from make_examples.
+
+  Traced, as the generator runs it: TensorFlow's graph optimizations round
+  `vocab * u**3` differently from eager execution for about one id in 1000.
+  """
+  features, labels = tf.function(ctr.make_examples)(
+      tf.range(config.train_examples, dtype=tf.int64), config, seed, 1)
+  return {k: v.numpy() for k, v in features.items()}, labels.numpy()
+
+
+def _read(dataset):
+  """Every batch of a dataset as NumPy: [(features, labels)]."""
+  return [({k: v.numpy() for k, v in features.items()}, labels.numpy())
+          for features, labels in dataset]
+
+
+def _concat(batches):
+  if not batches:
+    return {}, np.zeros((0, 1), np.float32)
+  features = {k: np.concatenate([f[k] for f, _ in batches]) for k in batches[0][0]}
+  return features, np.concatenate([labels for _, labels in batches])
+
+
+def _file_state(files: ctr_data.TrainFiles):
+  paths = [*files.paths, os.path.join(files.directory, "manifest.json")]
+  return {p: (os.stat(p).st_ino, os.stat(p).st_mtime_ns) for p in paths}
+
+
+# --- records -------------------------------------------------------------------
+
+def test_records_are_the_bytes_protobuf_writes():
+  ints = {"a": np.array([0, 1, 127, 128, 300, 2**40]), "b": np.array([5, 0, 16383, 16384, 7, 1])}
+  floats = {"z": np.linspace(-2, 2, 18, dtype=np.float32).reshape(6, 3)}
+  data, offsets = example_records.encode(ints, floats)
+  for i in range(6):
+    example = tf.train.Example()
+    for name, values in ints.items():
+      example.features.feature[name].int64_list.value.append(int(values[i]))
+    example.features.feature["z"].float_list.value.extend(floats["z"][i].tolist())
+    # Keys in sorted order: protobuf's deterministic output sorts map keys.
+    assert data[offsets[i]:offsets[i + 1]] == example.SerializeToString(deterministic=True)
+
+
+def test_records_parse_back_with_many_features():
+  rng = np.random.default_rng(0)
+  ints = {f"cat_{i}": rng.integers(0, 2 ** (3 * i + 1), 500) for i in range(12)}
+  floats = {"dense": rng.normal(size=(500, 40)).astype(np.float32)}
+  data, offsets = example_records.encode(ints, floats)
+  spec = {name: tf.io.FixedLenFeature([], tf.int64) for name in ints}
+  spec["dense"] = tf.io.FixedLenFeature([40], tf.float32)
+  parsed = tf.io.parse_example([data[a:b] for a, b in zip(offsets[:-1], offsets[1:])], spec)
+  for name, values in {**ints, **floats}.items():
+    np.testing.assert_array_equal(parsed[name].numpy(), values)
+
+
+def test_negative_int64_features_are_refused():
+  with pytest.raises(ValueError, match="non-negative"):
+    example_records.encode({"a": np.array([1, -1])}, {})
+
+
+# --- files: written once, deterministic, atomic ------------------------------
+
+def test_files_hold_the_training_examples_in_order(tmp_path):
+  files = ctr.train_files(CONFIG, SEED, str(tmp_path))
+  assert len(files.paths) == 16
+  assert [sum(1 for _ in tf.data.TFRecordDataset(p)) for p in files.paths] == [64] * 15 + [40]
+  features, labels = _concat(_read(files.dataset_fn(100)(tf.distribute.InputContext())))
+  expected, expected_labels = _expected()
+  for name in expected:
+    np.testing.assert_array_equal(features[name], expected[name])
+  np.testing.assert_array_equal(labels, expected_labels)
+  assert features["cat_1"].max() >= 128  # Multi-byte varints are in the data.
+
+
+def test_same_settings_give_the_same_bytes_and_other_settings_another_directory(tmp_path):
+  first = ctr.train_files(CONFIG, SEED, str(tmp_path / "a"))
+  second = ctr.train_files(CONFIG, SEED, str(tmp_path / "b"))
+  assert os.path.basename(first.directory) == os.path.basename(second.directory)
+  for p, q in zip(first.paths, second.paths, strict=True):
+    with open(p, "rb") as f, open(q, "rb") as g:
+      assert f.read() == g.read()
+  other = ctr.train_files(CONFIG, SEED + 1, str(tmp_path / "a"))
+  assert other.directory != first.directory
+  with open(first.paths[0], "rb") as f, open(other.paths[0], "rb") as g:
+    assert f.read() != g.read()
+  manifest = json.load(open(os.path.join(first.directory, "manifest.json")))
+  assert manifest["settings"]["seed"] == SEED and manifest["settings"]["num_examples"] == 1000
+  assert [e["records"] for e in manifest["files"]] == [64] * 15 + [40]
+
+
+def test_a_second_call_reuses_the_files(tmp_path, monkeypatch):
+  files = ctr.train_files(CONFIG, SEED, str(tmp_path))
+  before = _file_state(files)
+
+  def no_writing(*args):
+    raise AssertionError("the files were written again")
+
+  monkeypatch.setattr(ctr_data, "_write_files", no_writing)
+  again = ctr.train_files(CONFIG, SEED, str(tmp_path))
+  assert again == files
+  assert _file_state(again) == before  # Same inodes, untouched.
+
+
+def test_a_damaged_set_is_an_error_naming_it(tmp_path):
+  files = ctr.train_files(CONFIG, SEED, str(tmp_path))
+  with open(files.paths[3], "ab") as f:
+    f.write(b"x")
+  with pytest.raises(errors.PermanentError) as e:
+    ctr.train_files(CONFIG, SEED, str(tmp_path))
+  assert str(e.value).startswith(f"ctr: training data in {files.directory} does not match")
+  assert "remove the directory" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_killed_generator_leaves_nothing_that_breaks_the_next(tmp_path):
+  # A real generator, killed (SIGKILL) while it writes its second file.
+  script = textwrap.dedent(f"""
+      import os, signal
+      from tfps.coordinator import ctr, ctr_data, example_records
+      encode, calls = example_records.encode, []
+      def dying_encode(*args):
+        calls.append(1)
+        if len(calls) == 2:
+          os.kill(os.getpid(), signal.SIGKILL)
+        return encode(*args)
+      ctr_data.example_records.encode = dying_encode
+      ctr.train_files(ctr.CtrConfig(vocab_sizes=(300, 20000), num_dense=3,
+                                    train_examples=1000, records_per_file=64),
+                      {SEED}, {str(tmp_path)!r})
+      """)
+  killed = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+  assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+  left = [n for n in os.listdir(tmp_path) if n.startswith(".tmp-")]
+  assert len(left) == 1 and not any(n.startswith("ctr-") for n in os.listdir(tmp_path))
+  # A writer that is still running (this process) is left alone.
+  settings = ctr_data.DataSettings(seed=SEED, vocab_sizes=(300, 20000), num_dense=3,
+                                   num_examples=1000, records_per_file=64)
+  live = tmp_path / f".tmp-ctr-{settings.key}-x"
+  live.mkdir()
+  (live / "owner.json").write_text(json.dumps({"host": socket.gethostname(),
+                                               "pid": os.getpid()}))
+
+  files = ctr.train_files(CONFIG, SEED, str(tmp_path))
+  assert sorted(n for n in os.listdir(tmp_path) if n.startswith(".tmp-")) == [live.name]
+  reference = ctr.train_files(CONFIG, SEED, str(tmp_path / "clean"))
+  for p, q in zip(files.paths, reference.paths, strict=True):
+    with open(p, "rb") as f, open(q, "rb") as g:
+      assert f.read() == g.read()
+
+
+def test_a_set_written_meanwhile_by_another_process_wins(tmp_path, monkeypatch):
+  write_files = ctr_data._write_files
+  calls = []
+
+  def racing_write(directory, settings, examples_fn):
+    calls.append(directory)
+    if len(calls) == 1:  # Another generator finishes first, while we write.
+      ctr.train_files(CONFIG, SEED, str(tmp_path))
+    return write_files(directory, settings, examples_fn)
+
+  monkeypatch.setattr(ctr_data, "_write_files", racing_write)
+  files = ctr.train_files(CONFIG, SEED, str(tmp_path))
+  assert len(calls) == 2
+  assert os.listdir(tmp_path) == [os.path.basename(files.directory)]  # No temp dir left.
+  assert len(_read(files.dataset_fn(1000)(tf.distribute.InputContext()))[0][1]) == 1000
+
+
+# --- shards -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("num_shards", [1, 3, 7, 16, 25])
+def test_shards_cover_every_record_once_in_whole_batches(tmp_path, num_shards):
+  batch = 40  # 25 batches: 1000 examples; 16 files of 64: shards start inside files.
+  fn = ctr.train_files(CONFIG, SEED, str(tmp_path)).dataset_fn(batch)
+  shards = []
+  for shard in range(num_shards):
+    dataset = fn(tf.distribute.InputContext(num_shards, shard))
+    batches = _read(dataset)
+    assert int(dataset.cardinality()) == len(batches)  # Known: the ledger need not count.
+    shards.append(batches)
+  sizes = [len(b) for b in shards]
+  assert sum(sizes) == 25 and max(sizes) - min(sizes) <= 1  # Balanced, contiguous.
+  every = [b for batches in shards for b in batches]
+  assert all(len(labels) == batch for _, labels in every)
+  features, labels = _concat(every)
+  expected, expected_labels = _expected()
+  np.testing.assert_array_equal(features["dense"], expected["dense"])
+  np.testing.assert_array_equal(features["cat_0"], expected["cat_0"])
+  np.testing.assert_array_equal(labels, expected_labels)
+
+
+def test_only_the_last_batch_is_short_and_more_shards_than_batches_are_empty(tmp_path):
+  fn = ctr.train_files(CONFIG, SEED, str(tmp_path)).dataset_fn(300)  # 4 batches, last 100.
+  shards = [_read(fn(tf.distribute.InputContext(6, s))) for s in range(6)]
+  assert [[len(labels) for _, labels in batches] for batches in shards] == \
+      [[], [300], [300], [], [300], [100]]
+
+
+def test_a_tensor_shard_index_inside_a_function_reads_the_same_shard(tmp_path):
+  num_shards, batch = 7, 40
+  fn = ctr.train_files(CONFIG, SEED, str(tmp_path)).dataset_fn(batch)
+
+  @tf.function
+  def shard_dense(shard):
+    dataset = fn(tf.distribute.InputContext(num_shards, shard))
+    whole = dataset.map(lambda features, labels: features["dense"]).unbatch().batch(10**6)
+    return dataset.cardinality(), whole.get_single_element()
+
+  expected, _ = _expected()
+  start = 0
+  for shard in range(num_shards):
+    cardinality, dense = shard_dense(tf.constant(shard, tf.int64))
+    assert int(cardinality) * batch == len(dense)
+    np.testing.assert_array_equal(dense.numpy(), expected["dense"][start:start + len(dense)])
+    start += len(dense)
+  assert start == 1000
+
+
+def test_the_runtime_measures_and_positions_the_files(tmp_path):
+  fn = ctr.train_files(CONFIG, SEED, str(tmp_path)).dataset_fn(40)
+  source = positioned.PositionedInput(fn, num_replicas_in_sync=1, what="ctr")
+  assert not source.is_endless
+  ledger = source.measure(num_shards=None, steps_per_closure=6)  # ceil(25 / 6) shards.
+  assert ledger.lengths == (5, 5, 5, 5, 5)
+
+  @tf.function
+  def first_dense(shard, start):  # As a closure builds its chunk on a worker.
+    features, _ = next(iter(source.chunk(5, shard, start)))
+    return features["dense"][0]
+
+  expected, _ = _expected()
+  for shard, start, batch_index in [(0, 0, 0), (1, 2, 7), (4, 3, 23)]:
+    got = first_dense(tf.constant(shard, tf.int64), tf.constant(start, tf.int64))
+    np.testing.assert_array_equal(got.numpy(), expected["dense"][40 * batch_index])
