@@ -14,7 +14,7 @@ from tfps.cluster import local
 from tfps.cluster import processes
 from tfps.cluster import spec as spec_lib
 from tfps.recovery import events as events_lib
-from tfps.recovery import progress as progress_lib
+from tfps.recovery import progress_log as progress_lib
 
 # The small ctr the fault tests train.
 SMALL_CTR = "vocab_sizes=3000:2000:1000,embedding_dim=8,hidden=32:16,eval_examples=2048"

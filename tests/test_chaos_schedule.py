@@ -4,7 +4,7 @@ import pytest
 
 from tfps.cluster import spec as spec_lib
 from tfps.recovery import chaos
-from tfps.recovery import errors
+from tfps.base import errors
 
 CLUSTER = spec_lib.ClusterSpec.from_dict({
     "chief": ["c:1"], "ps": ["p:1", "p:2"], "worker": ["w:1", "w:2"]})
@@ -78,8 +78,8 @@ def test_report():
 
 
 def _record(step, time, restored=False):
-  from tfps.recovery import progress
-  return progress.Progress(step, time, restored)
+  from tfps.recovery import progress_log
+  return progress_log.Progress(step, time, restored)
 
 
 # Each case: the fault, the loops before it, when it was injected, then the

@@ -8,7 +8,7 @@ import portpicker
 import pytest
 
 from tfps.cluster import spec as spec_lib
-from tfps.recovery import control
+from tfps.recovery import notices
 
 
 @pytest.fixture
@@ -23,27 +23,27 @@ def test_notice_waits_for_the_save_and_returns_its_step(address):
   def handler(notice):
     received.append(notice)
     saved.wait(10)  # The chief answers only once its checkpoint is written.
-    return control.Reply(saved=True, step=1200, detail="saved ckpt-1200")
+    return notices.Reply(saved=True, step=1200, detail="saved ckpt-1200")
 
-  server = control.ControlServer(address, handler).start()
+  server = notices.ControlServer(address, handler).start()
   try:
     threading.Timer(0.5, saved.set).start()
     start = time.monotonic()
-    reply = control.send_notice(address, control.Notice(task="ps:1", deadline_seconds=10))
+    reply = notices.send_notice(address, notices.Notice(task="ps:1", deadline_seconds=10))
     assert time.monotonic() - start >= 0.4
   finally:
     server.stop()
-  assert reply == control.Reply(saved=True, step=1200, detail="saved ckpt-1200")
-  assert received == [control.Notice(task="ps:1", kind="preemption", deadline_seconds=10)]
+  assert reply == notices.Reply(saved=True, step=1200, detail="saved ckpt-1200")
+  assert received == [notices.Notice(task="ps:1", kind="preemption", deadline_seconds=10)]
 
 
 def test_a_chief_that_does_not_answer_in_time_is_a_deadline_error(address):
   release = threading.Event()
-  server = control.ControlServer(
-      address, lambda n: (release.wait(10), control.Reply(saved=False))[1]).start()
+  server = notices.ControlServer(
+      address, lambda n: (release.wait(10), notices.Reply(saved=False))[1]).start()
   try:
     with pytest.raises(grpc.RpcError) as raised:
-      control.send_notice(address, control.Notice(task="worker:0", deadline_seconds=0.5))
+      notices.send_notice(address, notices.Notice(task="worker:0", deadline_seconds=0.5))
     assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
   finally:
     release.set()
@@ -52,17 +52,17 @@ def test_a_chief_that_does_not_answer_in_time_is_a_deadline_error(address):
 
 def test_no_chief_listening_is_unavailable(address):
   with pytest.raises(grpc.RpcError) as raised:
-    control.send_notice(address, control.Notice(task="worker:0", deadline_seconds=2))
+    notices.send_notice(address, notices.Notice(task="worker:0", deadline_seconds=2))
   assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
 def test_notice_is_validated():
   with pytest.raises(spec_lib.ClusterSpecError):
-    control.Notice(task="boss")
+    notices.Notice(task="boss")
   with pytest.raises(ValueError, match=r"deadline_seconds \(0\)"):
-    control.Notice(task="ps:0", deadline_seconds=0)
+    notices.Notice(task="ps:0", deadline_seconds=0)
 
 
 def test_control_address_is_chief_port_plus_one():
   cluster = spec_lib.ClusterSpec.from_dict({"chief": ["c:2222"], "ps": ["p:2222"]})
-  assert control.control_address(cluster) == "c:2223"
+  assert notices.control_address(cluster) == "c:2223"

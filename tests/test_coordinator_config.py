@@ -11,7 +11,7 @@ from tfps.coordinator import chief
 from tfps.coordinator import datasets
 from tfps.coordinator import progress
 from tfps.coordinator import trainer as trainer_lib
-from tfps.recovery import errors
+from tfps.base import errors
 
 # Nothing listens here: every case below must fail before connecting.
 _CLUSTER = spec_lib.ClusterSpec.from_dict(

@@ -10,7 +10,7 @@ import tf_keras
 
 from tfps.coordinator import checkpoints
 from tfps.coordinator import experiment as experiment_lib
-from tfps.recovery import errors
+from tfps.base import errors
 
 
 class _Trainer(orbit.AbstractTrainer):

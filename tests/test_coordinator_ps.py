@@ -26,9 +26,9 @@ from tfps.coordinator import ps_state
 from tfps.coordinator import pull_push
 from tfps.coordinator import strategy as strategy_lib
 from tfps.coordinator import trainer as trainer_lib
-from tfps.recovery import errors
+from tfps.base import errors
 from tfps.recovery import interrupts as interrupts_lib
-from tfps.recovery import progress as progress_log
+from tfps.recovery import progress_log as progress_log
 
 NUM_PS, NUM_WORKERS = 2, 2
 # One epoch of 512 batches of 256: more than any test here trains.

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from tfps.coordinator import ctr
-from tfps.recovery import errors
+from tfps.base import errors
 
 
 def test_params_parse_and_validate():

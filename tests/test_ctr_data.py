@@ -16,7 +16,7 @@ from tfps.coordinator import ctr
 from tfps.coordinator import ctr_data
 from tfps.coordinator import example_records
 from tfps.coordinator import positioned
-from tfps.recovery import errors
+from tfps.base import errors
 
 SEED = 3
 # 1000 examples in files of 64 records: 16 files, the last one short.

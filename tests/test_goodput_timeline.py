@@ -3,7 +3,7 @@
 import pytest
 
 from tfps.recovery import goodput
-from tfps.recovery import progress as progress_lib
+from tfps.recovery import progress_log as progress_lib
 from tfps.recovery import timeline
 
 P = progress_lib.Progress

@@ -7,16 +7,16 @@ import pytest
 
 from tfps.cluster import processes
 
-from tfps.recovery import control
+from tfps.recovery import notices
 from tfps.recovery import interrupts
-from tfps.recovery import signals
+from tfps.base import signals
 
 
 def test_a_notice_waits_for_the_loop_to_save_and_gets_the_step():
   inbox = interrupts.Interrupts()
   replies = []
   waiter = threading.Thread(target=lambda: replies.append(
-      inbox.notice(control.Notice(task="ps:0", deadline_seconds=10))))
+      inbox.notice(notices.Notice(task="ps:0", deadline_seconds=10))))
   waiter.start()
   processes.wait_until(lambda: inbox.pending, timeout=10, what="the notice to be queued")
   assert not inbox.stop_requested
@@ -24,13 +24,13 @@ def test_a_notice_waits_for_the_loop_to_save_and_gets_the_step():
   answered = inbox.serve(lambda: saves.append(1) or (120, "/m/ckpt-120"))
   waiter.join(10)
   assert [n.task for n in answered] == ["ps:0"] and saves == [1]
-  assert replies == [control.Reply(saved=True, step=120, detail="saved /m/ckpt-120")]
+  assert replies == [notices.Reply(saved=True, step=120, detail="saved /m/ckpt-120")]
   assert not inbox.pending
   assert inbox.serve(lambda: pytest.fail("no notice: no save")) == []
 
 
 def test_a_loop_that_never_serves_answers_not_saved_at_the_deadline():
-  reply = interrupts.Interrupts().notice(control.Notice(task="worker:1", deadline_seconds=0.2))
+  reply = interrupts.Interrupts().notice(notices.Notice(task="worker:1", deadline_seconds=0.2))
   assert reply.saved is False and "deadline" in reply.detail
 
 
@@ -38,7 +38,7 @@ def test_a_failed_save_is_reported_to_the_task_and_raised():
   inbox = interrupts.Interrupts()
   replies = []
   waiter = threading.Thread(target=lambda: replies.append(
-      inbox.notice(control.Notice(task="ps:1", deadline_seconds=10))))
+      inbox.notice(notices.Notice(task="ps:1", deadline_seconds=10))))
   waiter.start()
   processes.wait_until(lambda: inbox.pending, timeout=10, what="the notice to be queued")
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tfps.cluster import k8s
-from tfps.recovery import errors
+from tfps.base import errors
 
 kubernetes = pytest.importorskip("kubernetes")
 

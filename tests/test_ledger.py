@@ -4,8 +4,8 @@ import pytest
 
 from tfps.coordinator import ledger as ledger_lib
 from tfps.recovery import coverage
-from tfps.recovery import errors
-from tfps.recovery import progress as progress_lib
+from tfps.base import errors
+from tfps.recovery import progress_log as progress_lib
 
 Chunk = ledger_lib.Chunk
 

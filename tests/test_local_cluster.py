@@ -19,7 +19,7 @@ from tfps.cluster import local
 from tfps.cluster import processes
 from tfps.cluster import readiness
 from tfps.cluster import spec as spec_lib
-from tfps.recovery import errors
+from tfps.base import errors
 
 pytestmark = pytest.mark.cluster
 

@@ -7,7 +7,7 @@ coordinator (TF 2.20) that lost a worker, recovered, then lost its ps. The
 
 import os
 
-from tfps.recovery import log_summary
+from tfps.base import log_summary
 
 CAPTURE = os.path.join(os.path.dirname(__file__), "data", "worker_and_ps_loss_stderr.txt")
 REFUSED = ("2026-11-21 23:55:00.123456: E tensorflow/core/distributed_runtime/eager/"
@@ -81,7 +81,7 @@ def test_startup_noise_is_dropped_and_other_lines_pass():
 
 CHILD = """
 import sys, time
-from tfps.recovery import log_summary
+from tfps.base import log_summary
 log_summary.install_stderr_filter()
 sys.stderr.write("first line\\n")
 sys.stderr.flush()

@@ -21,8 +21,8 @@ from tfps.coordinator import positioned as positioned_lib
 from tfps.coordinator import strategy as strategy_lib
 from tfps.coordinator import trainer as trainer_lib
 from tfps.recovery import coverage
-from tfps.recovery import errors
-from tfps.recovery import progress as progress_lib
+from tfps.base import errors
+from tfps.recovery import progress_log as progress_lib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import input_experiments  # pylint: disable=wrong-import-position

@@ -6,7 +6,7 @@ import pytest
 
 from tfps.cluster import spec as spec_lib
 from tfps.coordinator import ps_deadline
-from tfps.recovery import errors
+from tfps.base import errors
 from tfps.recovery import overdue as overdue_lib
 
 CLUSTER = spec_lib.ClusterSpec.from_dict({

@@ -9,7 +9,7 @@ import tensorflow as tf
 import tf_keras
 
 from tfps.coordinator import pull_push
-from tfps.recovery import errors
+from tfps.base import errors
 
 IDS = tf.constant([[3, 3, 7], [0, 7, 49]], tf.int64)  # Duplicates, and the last row.
 

@@ -24,7 +24,7 @@ from tfps.cluster import local
 from tfps.cluster import processes
 from tfps.recovery import coverage
 from tfps.recovery import policy
-from tfps.recovery import progress as progress_lib
+from tfps.recovery import progress_log as progress_lib
 
 import cluster_helpers
 import input_experiments

@@ -71,7 +71,8 @@ def test_event_log_round_trip_and_summary(tmp_path):
   with open(log.path) as f:
     lines = [json.loads(line) for line in f]
   assert len(lines) == 5 and lines[0]["task"] == "ps:0" and "steps_lost" not in lines[0]
-  assert events.summarize(log.read()) == {"faults": 2, "restarts": 1, "steps_lost": 20}
+  assert events.summarize(log.read()) == {"faults": 2, "restarts": 1, "steps_lost": 20,
+                                      "steps_reexecuted": 0}
 
 
 def test_event_kind_is_validated():
@@ -80,16 +81,16 @@ def test_event_kind_is_validated():
 
 
 def test_progress_log_reads_incrementally_and_skips_a_partial_line(tmp_path):
-  from tfps.recovery import progress
-  writer, reader = progress.ProgressLog(str(tmp_path)), progress.ProgressLog(str(tmp_path))
+  from tfps.recovery import progress_log
+  writer, reader = progress_log.ProgressLog(str(tmp_path)), progress_log.ProgressLog(str(tmp_path))
   assert reader.read_new() == []
   writer.append(100, now=1.0)
   writer.append(80, restored=True, now=2.0)
-  assert reader.read_new() == [progress.Progress(100, 1.0),
-                               progress.Progress(80, 2.0, restored=True)]
+  assert reader.read_new() == [progress_log.Progress(100, 1.0),
+                               progress_log.Progress(80, 2.0, restored=True)]
   with open(writer.path, "a") as f:
     f.write('{"step": 3')  # A writer caught mid-line.
   assert reader.read_new() == []
   with open(writer.path, "a") as f:
     f.write('00, "time": 3.0}\n')
-  assert reader.read_new() == [progress.Progress(300, 3.0)]
+  assert reader.read_new() == [progress_log.Progress(300, 3.0)]

@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from tfps.cluster import spec as spec_lib
 from tfps.ps_worker import server
-from tfps.recovery import errors
+from tfps.base import errors
 
 CLUSTER = spec_lib.ClusterSpec.from_dict({
     "chief": ["localhost:1001"], "ps": ["localhost:1002"],

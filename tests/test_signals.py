@@ -8,7 +8,7 @@ import textwrap
 # do in a process full of TF threads; the main thread waits without timeout.
 _SCRIPT = textwrap.dedent("""
     import signal, threading
-    from tfps.recovery import signals
+    from tfps.base import signals
     stop = signals.StopSignals.install()
     ready = threading.Event()
     def other_thread():

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tfps.cluster import spec as spec_lib
-from tfps.recovery import errors
+from tfps.base import errors
 
 JobType = spec_lib.JobType
 TaskId = spec_lib.TaskId

@@ -8,13 +8,14 @@ import sys
 import textwrap
 
 from tfps.cluster import processes
-from tfps.recovery import signals
+from tfps.base import signals
 from tfps.recovery import standby
 
 # Stands in for `tfps run --nosupervise`: says which workers it would leave out.
 _COORDINATOR = textwrap.dedent("""
     import json, os, sys
-    from tfps.recovery import signals, standby
+    from tfps.base import signals
+    from tfps.recovery import standby
     excluded = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--exclude_workers=")]
     if os.environ.get(standby.ENV_VAR):
       go = standby.wait_for_go(signals.StopSignals.install(), sys.stdin)

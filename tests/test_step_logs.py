@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 from tfps.coordinator import step_logs
-from tfps.recovery import errors
+from tfps.base import errors
 
 
 def test_loop_means_weigh_each_closure_by_its_steps():

@@ -13,11 +13,11 @@ import threading
 
 import pytest
 
-from tfps.recovery import errors
+from tfps.base import errors
 from tfps.recovery import events
 from tfps.recovery import exit_report
 from tfps.recovery import policy
-from tfps.recovery import signals
+from tfps.base import signals
 from tfps.recovery import supervisor
 
 Kind = policy.FailureKind

@@ -10,7 +10,7 @@ The user API, importable from `tfps` itself:
   weights (`tfps.coordinator.pull_push`).
 * `TfpsError`, `UsageError`, `PermanentError`, `NonFiniteLossError`,
   `BadCheckpointError`, `RetryableError`, `Preempted`, `ExitCode`: the error types and
-  exit codes (`tfps.recovery.errors`).
+  exit codes (`tfps.base.errors`).
 
 The parts, one package per concern: `tfps.cluster` (who is in the job and where),
 `tfps.ps_worker` (the server side of a ps or worker), `tfps.coordinator` (the chief's
@@ -29,14 +29,14 @@ _EXPORTS = {
     "pull": "tfps.coordinator.pull_push",
     "Pulled": "tfps.coordinator.pull_push",
     "DeduplicateOnDevice": "tfps.coordinator.pull_push",
-    "TfpsError": "tfps.recovery.errors",
-    "UsageError": "tfps.recovery.errors",
-    "PermanentError": "tfps.recovery.errors",
-    "NonFiniteLossError": "tfps.recovery.errors",
-    "BadCheckpointError": "tfps.recovery.errors",
-    "RetryableError": "tfps.recovery.errors",
-    "Preempted": "tfps.recovery.errors",
-    "ExitCode": "tfps.recovery.errors",
+    "TfpsError": "tfps.base.errors",
+    "UsageError": "tfps.base.errors",
+    "PermanentError": "tfps.base.errors",
+    "NonFiniteLossError": "tfps.base.errors",
+    "BadCheckpointError": "tfps.base.errors",
+    "RetryableError": "tfps.base.errors",
+    "Preempted": "tfps.base.errors",
+    "ExitCode": "tfps.base.errors",
 }
 
 __all__ = sorted(_EXPORTS)

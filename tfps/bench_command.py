@@ -26,8 +26,8 @@ from absl import logging
 
 from tfps.cluster import local
 from tfps.cluster import processes
-from tfps.recovery import errors
-from tfps.recovery import signals
+from tfps.base import errors
+from tfps.base import signals
 from tfps.bench import config as config_lib
 from tfps.bench import report
 

@@ -25,10 +25,10 @@ from absl import logging
 
 from tfps.cluster import local
 from tfps.recovery import chaos
-from tfps.recovery import errors
-from tfps.recovery import log_summary
-from tfps.recovery import progress as progress_lib
-from tfps.recovery import signals
+from tfps.base import errors
+from tfps.base import log_summary
+from tfps.recovery import progress_log as progress_lib
+from tfps.base import signals
 from tfps import local_command
 from tfps import orchestrator
 

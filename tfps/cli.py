@@ -19,7 +19,7 @@ from absl import flags
 from absl import logging
 
 from tfps.coordinator import api
-from tfps.recovery import errors
+from tfps.base import errors
 
 FLAGS = flags.FLAGS
 COMMANDS = ("run", "local", "chaos", "k8s", "bench")

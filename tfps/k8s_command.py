@@ -5,7 +5,7 @@ import sys
 import yaml
 
 from tfps.cluster import k8s
-from tfps.recovery import errors
+from tfps.base import errors
 
 # `tfps run` flags passed through to every replica when set.
 _FORWARDED = ("experiment", "train_steps", "steps_per_loop", "steps_per_closure",

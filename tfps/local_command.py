@@ -18,8 +18,8 @@ from absl import logging
 
 from tfps.cluster import hosts
 from tfps.cluster import local
-from tfps.recovery import errors
-from tfps.recovery import signals
+from tfps.base import errors
+from tfps.base import signals
 from tfps import orchestrator
 from tfps import run_command
 

@@ -15,8 +15,8 @@ from absl import logging
 
 from tfps.cluster import local
 from tfps.cluster import spec as spec_lib
-from tfps.recovery import errors
-from tfps.recovery import signals
+from tfps.base import errors
+from tfps.base import signals
 
 
 @dataclasses.dataclass(frozen=True)

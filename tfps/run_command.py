@@ -16,19 +16,19 @@ from tfps.cluster import readiness
 from tfps.cluster import scratch as scratch_lib
 from tfps.cluster import spec as spec_lib
 from tfps.coordinator import api
-from tfps.recovery import control
-from tfps.recovery import errors
+from tfps.recovery import notices
+from tfps.base import errors
 from tfps.recovery import events
 from tfps.recovery import exit_report
 from tfps.recovery import interrupts
 from tfps.recovery import policy
-from tfps.recovery import progress
+from tfps.recovery import progress_log
 from tfps.recovery import standby
 from tfps.recovery import supervisor
 from tfps.recovery import worker_watch
 
-from tfps.recovery import log_summary
-from tfps.recovery import signals
+from tfps.base import log_summary
+from tfps.base import signals
 
 # One round of probing the ps and workers (worker watch, ps deadline).
 _PROBE_SECONDS = 1.0
@@ -142,7 +142,7 @@ def _write_details(model_dir: str | None, error: BaseException) -> str | None:
 def _control_address(config: spec_lib.TaskConfig) -> str | None:
   if not config.cluster.addresses(spec_lib.JobType.CHIEF):
     return None  # No chief listed: nobody to warn.
-  return control.control_address(config.cluster)
+  return notices.control_address(config.cluster)
 
 
 def supervision(flags) -> tuple[supervisor.SupervisorConfig, worker_watch.WorkerWatchConfig]:
@@ -170,7 +170,7 @@ class _CoordinatorProgress:
   """Whether the running coordinator has ended a train loop (from the progress log)."""
 
   def __init__(self, model_dir: str):
-    self._log = progress.ProgressLog(model_dir)
+    self._log = progress_log.ProgressLog(model_dir)
     self._trained = False
 
   def restart(self) -> None:

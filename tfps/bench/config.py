@@ -11,7 +11,7 @@ import enum
 import json
 from typing import Any, Mapping
 
-from tfps.recovery import errors
+from tfps.base import errors
 
 
 class Variant(str, enum.Enum):

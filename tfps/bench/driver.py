@@ -143,7 +143,7 @@ def main(argv: list[str]) -> int:
   if len(argv) != 4:
     sys.stderr.write("usage: python -m tfps.bench.driver SPEC_FILE CONFIG_FILE OUT_FILE\n")
     return 2
-  from tfps.recovery import log_summary
+  from tfps.base import log_summary
   logging.use_absl_handler()
   logging.set_verbosity(logging.INFO)
   log_summary.install_stderr_filter()

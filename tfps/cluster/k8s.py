@@ -21,10 +21,10 @@ that admits traffic to the job's pods only from the job's own pods.
 
 import dataclasses
 
-from tfps.recovery import errors
+from tfps.base import errors
 
 TF_PORT = 2222  # The training operator's default `tfjob-port`.
-CONTROL_PORT = TF_PORT + 1  # recovery.control: the chief's TF port + 1.
+CONTROL_PORT = TF_PORT + 1  # recovery.notices: the chief's TF port + 1.
 _CONTAINER = "tensorflow"  # The container name the training operator expects.
 _MODEL_MOUNT = "/model"
 # Time left after tfps's own grace period, for the process to exit.

@@ -33,7 +33,7 @@ from tfps.cluster import processes
 from tfps.cluster import readiness
 from tfps.cluster import scratch
 from tfps.cluster import spec as spec_lib
-from tfps.recovery import errors
+from tfps.base import errors
 
 JobType = spec_lib.JobType
 # On virtual hosts every task listens on the same port, as on separate VMs.

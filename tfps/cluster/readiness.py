@@ -16,7 +16,7 @@ import grpc
 import tenacity
 
 from tfps.cluster import spec as spec_lib
-from tfps.recovery import errors
+from tfps.base import errors
 
 # First probe waits this long for one task; the backoff grows to the maximum.
 _PROBE_MIN_SECONDS = 0.25

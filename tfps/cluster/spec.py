@@ -15,7 +15,7 @@ import enum
 import json
 from typing import Iterable, Iterator, Mapping, Sequence
 
-from tfps.recovery import errors
+from tfps.base import errors
 
 
 class ClusterSpecError(errors.UsageError):

@@ -14,7 +14,7 @@ import types
 from typing import Any, Mapping
 
 from tfps.cluster import spec as spec_lib
-from tfps.recovery import errors
+from tfps.base import errors
 
 # Variables larger than this are split across the ps tasks, in shards of at
 # least this size (why this size: `coordinator.strategy`, which re-exports it).

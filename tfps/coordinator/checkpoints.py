@@ -13,8 +13,8 @@ import tempfile
 from absl import logging
 import tensorflow as tf
 
-from tfps.coordinator import messages
-from tfps.recovery import errors
+from tfps.base import messages
+from tfps.base import errors
 
 
 def check_writable(model_dir: str) -> None:

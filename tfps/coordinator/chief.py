@@ -12,12 +12,12 @@
      `checkpoint_interval` steps and at the end, with TensorBoard summaries in
      `model_dir` (eval summaries in `model_dir/eval`), a progress line per
      train loop on stderr (absl logging) and a record per loop in
-     `model_dir/progress.jsonl` (recovery.progress; one `restored` record at
+     `model_dir/progress.jsonl` (recovery.progress_log; one `restored` record at
      start);
   6. return a `ChiefResult`.
 
 Running again with the same `model_dir` and a larger `train_steps` resumes
-from the checkpoint. Errors are raised by type (recovery.errors): bad input
+from the checkpoint. Errors are raised by type (base.errors): bad input
 is a UsageError, user code failing or an incompatible checkpoint a
 PermanentError, losing the cluster a RetryableError. The library prints
 nothing: orbit.Controller's own stdout lines are discarded (they are also
@@ -42,14 +42,14 @@ from tfps.coordinator import datasets
 from tfps.coordinator import evaluator as evaluator_lib
 from tfps.coordinator import experiment as experiment_lib
 from tfps.coordinator import loop_guard
-from tfps.coordinator import messages
+from tfps.base import messages
 from tfps.coordinator import progress
 from tfps.coordinator import ps_deadline
 from tfps.coordinator import ps_state
 from tfps.coordinator import strategy as strategy_lib
 from tfps.coordinator import trainer as trainer_lib
-from tfps.recovery import control
-from tfps.recovery import errors
+from tfps.recovery import notices
+from tfps.base import errors
 from tfps.recovery import interrupts as interrupts_lib
 
 
@@ -233,9 +233,9 @@ def _classified_errors(phase: str, input_cannot_end: Callable[[], bool] = lambda
 @contextlib.contextmanager
 def _control_channel(cluster: spec_lib.ClusterSpec, interrupts: interrupts_lib.Interrupts):
   """Serves preemption notices of ps/workers for as long as the chief runs."""
-  address = control.control_address(cluster)
+  address = notices.control_address(cluster)
   try:
-    server = control.ControlServer(address, interrupts.notice).start()
+    server = notices.ControlServer(address, interrupts.notice).start()
   except (OSError, RuntimeError) as e:  # Not fatal: training works without notices.
     logging.warning("control channel unavailable at %s (%s): preemption notices off", address, e)
     yield

@@ -54,7 +54,7 @@ import tf_keras
 from tfps.coordinator import ctr_data
 from tfps.coordinator import experiment as experiment_lib
 from tfps.coordinator import pull_push
-from tfps.recovery import errors
+from tfps.base import errors
 
 _MASK32 = 0xFFFFFFFF
 _TRAIN, _EVAL = 1, 2

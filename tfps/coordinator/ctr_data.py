@@ -47,7 +47,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfps.coordinator import example_records
-from tfps.recovery import errors
+from tfps.base import errors
 
 _FORMAT = 1  # Bump when the bytes written for the same settings change.
 _MANIFEST = "manifest.json"
@@ -137,10 +137,12 @@ class TrainFiles:
       first_file = first // per_file
       end_file = (end + per_file - 1) // per_file
       files = tf.constant(paths)[first_file:end_file]
-      records = (tf.data.TFRecordDataset(files)
-                 .skip(first - first_file * per_file)
-                 .take(end - first))
+      # Skipping raw records reads only their headers; the shard then ends on
+      # a batch boundary (or at the end of the data), so its end is counted
+      # in batches, not per record.
+      records = tf.data.TFRecordDataset(files).skip(first - first_file * per_file)
       return (records.batch(batch_size)
+              .take(end_batch - first_batch)
               .map(parse)
               .apply(tf.data.experimental.assert_cardinality(end_batch - first_batch))
               .prefetch(2))

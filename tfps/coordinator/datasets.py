@@ -23,7 +23,7 @@ from typing import Any, Callable
 from absl import logging
 import tensorflow as tf
 
-from tfps.recovery import errors
+from tfps.base import errors
 
 # tf.data's ExternalStatePolicy: refuse datasets whose graph cannot be shipped
 # (py_function, from_generator); they could only run on the chief.

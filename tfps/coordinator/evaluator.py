@@ -41,7 +41,7 @@ from tf_keras.src.utils import tf_utils as _tf_keras_utils
 
 from tfps.coordinator import datasets
 from tfps.coordinator import strategy as strategy_lib
-from tfps.recovery import errors
+from tfps.base import errors
 
 
 class _OneBatch:

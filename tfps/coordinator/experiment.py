@@ -36,8 +36,8 @@ import orbit
 import tensorflow as tf
 
 from tfps.coordinator import api
-from tfps.coordinator import messages
-from tfps.recovery import errors
+from tfps.base import messages
+from tfps.base import errors
 
 # Built-in experiments: name -> "module:factory", imported only when chosen.
 BUILTIN = api.BUILTIN_EXPERIMENTS

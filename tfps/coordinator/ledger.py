@@ -37,7 +37,7 @@ import dataclasses
 import json
 from typing import Sequence
 
-from tfps.recovery import errors
+from tfps.base import errors
 
 _STATE_VERSION = 1
 

@@ -32,13 +32,13 @@ import tensorflow as tf
 
 from tfps.cluster import readiness
 from tfps.cluster import spec as spec_lib
-from tfps.coordinator import messages
+from tfps.base import messages
 from tfps.coordinator import ps_state
-from tfps.recovery import errors
+from tfps.base import errors
 from tfps.recovery import events as events_lib
 from tfps.recovery import interrupts as interrupts_lib
 from tfps.recovery import policy
-from tfps.recovery import progress as progress_lib
+from tfps.recovery import progress_log as progress_lib
 
 _GONE_PROBE_SECONDS = 0.5
 

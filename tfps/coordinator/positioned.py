@@ -30,8 +30,8 @@ import tensorflow as tf
 
 from tfps.coordinator import datasets
 from tfps.coordinator import ledger as ledger_lib
-from tfps.coordinator import messages
-from tfps.recovery import errors
+from tfps.base import messages
+from tfps.base import errors
 
 # Largest number of batches counted on the chief for a dataset whose
 # cardinality tf.data does not know; more is treated as endless.

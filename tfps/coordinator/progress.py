@@ -18,7 +18,7 @@ import numpy as np
 import orbit
 import tensorflow as tf
 
-from tfps.recovery import errors
+from tfps.base import errors
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,7 @@ from absl import logging
 
 from tfps.cluster import readiness
 from tfps.cluster import spec as spec_lib
-from tfps.recovery import errors
+from tfps.base import errors
 from tfps.recovery import exit_report
 from tfps.recovery import overdue as overdue_lib
 from tfps.recovery import policy

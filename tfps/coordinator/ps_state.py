@@ -17,8 +17,8 @@ the coordinator.
 import tensorflow as tf
 
 from tfps.cluster import spec as spec_lib
-from tfps.coordinator import messages
-from tfps.recovery import errors
+from tfps.base import messages
+from tfps.base import errors
 
 
 class PsStateLost(errors.RetryableError):

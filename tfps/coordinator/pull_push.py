@@ -56,7 +56,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from tfps.recovery import errors
+from tfps.base import errors
 
 
 def _shards(table) -> list:

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 import tensorflow as tf
 
-from tfps.recovery import errors
+from tfps.base import errors
 
 # Sums in float64: a closure of hundreds of float32 losses loses no digits.
 _SUM_DTYPE = tf.float64

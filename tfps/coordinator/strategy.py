@@ -38,8 +38,8 @@ import tensorflow as tf
 from tfps.cluster import readiness
 from tfps.cluster import spec as spec_lib
 from tfps.coordinator import api
-from tfps.coordinator import messages
-from tfps.recovery import errors
+from tfps.base import messages
+from tfps.base import errors
 
 DEFAULT_MIN_SHARD_BYTES = api.DEFAULT_MIN_SHARD_BYTES
 

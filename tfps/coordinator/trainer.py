@@ -61,7 +61,7 @@ from tfps.coordinator import ledger as ledger_lib
 from tfps.coordinator import positioned as positioned_lib
 from tfps.coordinator import step_logs
 from tfps.coordinator import strategy as strategy_lib
-from tfps.recovery import errors
+from tfps.base import errors
 
 
 # As many as the default steps per closure: a closure of up to 50 steps has

@@ -5,12 +5,12 @@ process is asked to stop (SIGTERM or SIGINT), then returns the exit code the
 orchestrator should see: 143 for SIGTERM (preempted: restart me), 130 for
 SIGINT. On SIGTERM it first warns the chief over the control channel and
 waits, within the grace period, until the chief has saved (see
-`recovery.control`). A TF server cannot be shut down in-process, so the caller ends the
+`recovery.notices`). A TF server cannot be shut down in-process, so the caller ends the
 process with `os._exit` after flushing its logs.
 
 Stop signals must be trapped before TensorFlow is imported (a SIGTERM during
 the ~7 s import would otherwise kill the process with -15 instead of 143):
-call `recovery.signals.StopSignals.install()` first, then `serve`.
+call `base.signals.StopSignals.install()` first, then `serve`.
 """
 
 import dataclasses
@@ -23,9 +23,9 @@ from absl import logging
 
 from tfps.cluster import inprocess
 from tfps.cluster import spec as spec_lib
-from tfps.recovery import control
-from tfps.recovery import errors
-from tfps.recovery.signals import StopSignals
+from tfps.recovery import notices
+from tfps.base import errors
+from tfps.base.signals import StopSignals
 
 # Left of the grace period after the notice, to flush logs and exit.
 _GRACE_MARGIN_SECONDS = 2.0
@@ -116,10 +116,10 @@ def serve(config: spec_lib.TaskConfig, stop: StopSignals,
 
 def _warn_chief(task: spec_lib.TaskId, options: ServerOptions) -> None:
   """Tells the chief we are going and waits (bounded) until it has saved."""
-  notice = control.Notice(task=str(task), deadline_seconds=options.notice_deadline)
+  notice = notices.Notice(task=str(task), deadline_seconds=options.notice_deadline)
   start = time.monotonic()
   try:
-    reply = control.send_notice(options.control_address, notice)
+    reply = notices.send_notice(options.control_address, notice)
   except grpc.RpcError as e:  # No chief, or it did not answer in time: go anyway.
     logging.warning("%s: preemption notice to the chief at %s not answered (%s) after %.1fs",
                     task, options.control_address, e.code().name, time.monotonic() - start)

@@ -22,8 +22,8 @@ import statistics
 from typing import Sequence
 
 from tfps.cluster import spec as spec_lib
-from tfps.recovery import errors
-from tfps.recovery import progress as progress_lib
+from tfps.base import errors
+from tfps.recovery import progress_log as progress_lib
 
 NEVER = None
 

@@ -28,7 +28,7 @@ import collections
 import dataclasses
 from typing import Any, Sequence
 
-from tfps.recovery import progress as progress_lib
+from tfps.recovery import progress_log as progress_lib
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,7 @@ import dataclasses
 import statistics
 from typing import Sequence
 
-from tfps.recovery import progress as progress_lib
+from tfps.recovery import progress_log as progress_lib
 
 
 @dataclasses.dataclass(frozen=True)

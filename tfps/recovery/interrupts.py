@@ -20,15 +20,15 @@ import dataclasses
 import threading
 from typing import Callable
 
-from tfps.recovery import control
-from tfps.recovery import signals
+from tfps.recovery import notices
+from tfps.base import signals
 
 
 @dataclasses.dataclass
 class _SaveRequest:
-  notice: control.Notice
+  notice: notices.Notice
   done: threading.Event = dataclasses.field(default_factory=threading.Event)
-  reply: control.Reply | None = None
+  reply: notices.Reply | None = None
 
 
 class Interrupts:
@@ -50,16 +50,16 @@ class Interrupts:
     """True when the loop should stop scheduling and call `serve` soon."""
     return self._stop.requested or bool(self._requests)
 
-  def notice(self, notice: control.Notice) -> control.Reply:
+  def notice(self, notice: notices.Notice) -> notices.Reply:
     """Control-channel handler: blocks until the loop has saved (or the deadline)."""
     request = _SaveRequest(notice)
     with self._lock:
       self._requests.append(request)
     if request.done.wait(notice.deadline_seconds):
       return request.reply
-    return control.Reply(saved=False, detail="the chief did not save within the deadline")
+    return notices.Reply(saved=False, detail="the chief did not save within the deadline")
 
-  def serve(self, save: Callable[[], tuple[int, str]]) -> list[control.Notice]:
+  def serve(self, save: Callable[[], tuple[int, str]]) -> list[notices.Notice]:
     """Called by the loop between loops: saves once for all waiting notices.
 
     Args:
@@ -74,9 +74,9 @@ class Interrupts:
       return []
     try:
       step, path = save()
-      reply = control.Reply(saved=True, step=step, detail=f"saved {path}")
+      reply = notices.Reply(saved=True, step=step, detail=f"saved {path}")
     except Exception as e:  # Answer the tasks either way, then let it propagate.
-      reply = control.Reply(saved=False, detail=f"save failed: {type(e).__name__}: {e}")
+      reply = notices.Reply(saved=False, detail=f"save failed: {type(e).__name__}: {e}")
       raise
     finally:
       for request in requests:

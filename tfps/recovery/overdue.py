@@ -11,7 +11,7 @@ row. One answer resets its count: a blip is not a loss.
 from typing import Iterable
 
 from tfps.cluster import spec as spec_lib
-from tfps.recovery import errors
+from tfps.base import errors
 
 
 class Overdue:

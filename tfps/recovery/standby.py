@@ -29,7 +29,7 @@ from typing import Callable, Sequence, TextIO
 from absl import logging
 
 from tfps.cluster import processes
-from tfps.recovery import signals
+from tfps.base import signals
 
 # Set in a standby's environment: wait for the go line before coordinating.
 ENV_VAR = "TFPS_STANDBY"

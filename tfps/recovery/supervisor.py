@@ -49,12 +49,12 @@ from typing import Callable, Mapping
 from absl import logging
 
 from tfps.cluster import spec as spec_lib
-from tfps.recovery import errors
+from tfps.base import errors
 from tfps.recovery import events as events_lib
 from tfps.recovery import exit_report as exit_report_lib
 from tfps.recovery import overdue as overdue_lib
 from tfps.recovery import policy as policy_lib
-from tfps.recovery import signals
+from tfps.base import signals
 from tfps.recovery import worker_watch
 
 Kind = policy_lib.FailureKind

@@ -12,7 +12,7 @@ backend (no display needed).
 import dataclasses
 from typing import Sequence
 
-from tfps.recovery import progress as progress_lib
+from tfps.recovery import progress_log as progress_lib
 
 
 @dataclasses.dataclass(frozen=True)

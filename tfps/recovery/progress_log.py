@@ -1,0 +1,78 @@
+"""The progress log: the chief's global step over time, for watchers.
+
+The chief appends `{"step": N, "time": T}` to `model_dir/progress.jsonl`
+after every Orbit loop, and `{"step": N, "time": T, "restored": true}` when a
+coordinator starts from a checkpoint at step N. With positioned input a
+loop's record also lists the chunks it trained and the steps retries
+re-executed, and a `restored` record the shards' lengths: enough for
+`recovery.coverage` to account for every batch of the input. `tfps chaos` and `tfps bench`
+read it to tell when training progresses again after a fault and how many
+steps were lost, without parsing human logs or talking to the cluster.
+
+One `write` per line in append mode: a reader never sees half a record from a
+live writer, except a last line still missing its newline, which it leaves
+for the next read.
+"""
+
+import dataclasses
+import json
+import os
+import time
+
+FILE_NAME = "progress.jsonl"
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+  step: int
+  time: float  # Seconds since the epoch.
+  restored: bool = False  # A coordinator (re)started from a checkpoint at `step`.
+  # Positioned input (tfps.coordinator.ledger): a loop's chunks as
+  # [shard, start, count, epoch], in the order they were handed out ...
+  chunks: tuple[tuple[int, int, int, int], ...] | None = None
+  # ... the steps TensorFlow re-executed in the loop's retried closures ...
+  reexecuted: int = 0
+  # ... and, on a `restored` record, every shard's length in batches.
+  shard_lengths: tuple[int, ...] | None = None
+
+
+class ProgressLog:
+  def __init__(self, model_dir: str):
+    self.path = os.path.join(model_dir, FILE_NAME)
+    self._offset = 0
+
+  def append(self, step: int, *, restored: bool = False, now: float | None = None,
+             chunks=None, reexecuted: int = 0, shard_lengths=None) -> None:
+    record = {"step": int(step), "time": time.time() if now is None else now}
+    if restored:
+      record["restored"] = True
+    if chunks is not None:
+      record["chunks"] = [list(map(int, c)) for c in chunks]
+    if reexecuted:
+      record["reexecuted"] = int(reexecuted)
+    if shard_lengths is not None:
+      record["shard_lengths"] = [int(n) for n in shard_lengths]
+    with open(self.path, "a", encoding="utf-8") as f:
+      f.write(json.dumps(record) + "\n")
+
+  def read_new(self) -> list[Progress]:
+    """The complete records appended since the last call."""
+    records = []
+    try:
+      with open(self.path, "rb") as f:
+        f.seek(self._offset)
+        for line in f:
+          if not line.endswith(b"\n"):
+            break  # A record still being written; read it next time.
+          self._offset += len(line)
+          records.append(_record(json.loads(line)))
+    except FileNotFoundError:
+      pass
+    return records
+
+
+def _record(fields: dict) -> Progress:
+  for name in ("chunks", "shard_lengths"):
+    if fields.get(name) is not None:
+      fields[name] = tuple(tuple(v) if isinstance(v, list) else v for v in fields[name])
+  return Progress(**fields)
