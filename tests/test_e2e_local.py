@@ -222,6 +222,12 @@ def _check_finished(run: LocalRun, model_dir: str, train_steps: int) -> dict:
   # Checkpoints are numbered with the step they hold; the last is the final step.
   assert result["checkpoint"] == os.path.join(model_dir, f"ckpt-{result['global_step']}")
   assert os.path.exists(result["checkpoint"] + ".index")
+  # The input accounting of the whole run (every coordinator): each step one
+  # batch of the ctr's files, none never trained, none twice.
+  accounting = result["input"]
+  assert accounting["positioned"] and accounting["consistent"], accounting
+  assert accounting["kept"] == result["global_step"], accounting
+  assert accounting["never_trained"] == accounting["trained_twice"] == 0, accounting
   return result
 
 

@@ -18,6 +18,7 @@ from tfps.cluster import spec as spec_lib
 from tfps.coordinator import api
 from tfps.recovery import notices
 from tfps.base import errors
+from tfps.recovery import coverage
 from tfps.recovery import events
 from tfps.recovery import exit_report
 from tfps.recovery import interrupts
@@ -244,6 +245,10 @@ def _supervise_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCod
     raise errors.PermanentError("the coordinator exited 0 without its JSON result line")
   summary = json.loads(lines[-1])
   summary.update(events.summarize(event_log.read()))
+  # The input over the whole run (every coordinator), replayed from the
+  # progress log: what the last coordinator knows plus the accounting.
+  summary["input"] = {**summary.get("input", {}), **coverage.account(
+      progress_log.ProgressLog(model_dir).read_new()).as_dict(flags.global_batch_size)}
   sys.stdout.write(json.dumps(summary) + "\n")
   sys.stdout.flush()
   return errors.ExitCode.OK
