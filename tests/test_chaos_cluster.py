@@ -36,3 +36,8 @@ def test_short_chaos_run_recovers_every_fault(tfps, tmp_path):
   assert report["recovery_seconds"]["max"] >= report["recovery_seconds"]["p50"] > 0
   assert report["global_step"] >= 2500 and report["eval"]["auc"] > 0.5
   assert os.path.exists(tmp_path / "events.jsonl")
+  # The input accounting (the ctr's files, positioned) and the run's picture.
+  assert report["checks"]["input_covered"] and report["input"]["never_trained"] == 0, report
+  assert 0 < report["goodput"]["goodput"] <= 1.0, report["goodput"]
+  with open(report["timeline"], "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -17,6 +17,7 @@ every fault was recovered and every check passed; otherwise 1.
 import dataclasses
 import json
 import math
+import os
 import signal
 import sys
 import time
@@ -25,6 +26,8 @@ from absl import logging
 
 from tfps.cluster import local
 from tfps.recovery import chaos
+from tfps.recovery import goodput
+from tfps.recovery import timeline
 from tfps.base import errors
 from tfps.base import log_summary
 from tfps.recovery import progress_log as progress_lib
@@ -73,7 +76,8 @@ def run(flags) -> errors.ExitCode:
     outcome = _inject_until_done(cluster, runner, stop, pending, tracker,
                                  progress_lib.ProgressLog(model_dir))
   report = chaos.report(tracker.outcomes())
-  result = {"status": "failed", **report, "reason": outcome.reason}
+  result = {"status": "failed", **report, "reason": outcome.reason,
+            **_goodput_and_timeline(model_dir, report)}
   if outcome.code == errors.ExitCode.OK:
     chief_result = local_command.final_result(model_dir, runner)
     checks = _checks(chief_result, flags.train_steps, model_dir)
@@ -85,7 +89,8 @@ def run(flags) -> errors.ExitCode:
     ok = tracker.all_recovered and all(checks.values())
     result.update(status="ok" if ok else "failed", checks=checks,
                   global_step=chief_result.get("global_step"), eval=chief_result.get("eval"),
-                  restarts=chief_result.get("restarts"), model_dir=model_dir)
+                  restarts=chief_result.get("restarts"), input=chief_result.get("input"),
+                  model_dir=model_dir)
   sys.stdout.write(json.dumps(result) + "\n")
   sys.stdout.flush()
   if outcome.code != errors.ExitCode.OK and outcome.code.retryable:
@@ -153,11 +158,40 @@ def _bring_back(cluster, runner, fault: chaos.Fault) -> None:
   handle.start()
 
 
+def _goodput_and_timeline(model_dir: str, report: dict) -> dict:
+  """The run's goodput and its picture (`model_dir/timeline.png`), from the progress log."""
+  records = progress_lib.ProgressLog(model_dir).read_new()
+  if not records:
+    return {}
+  measured = goodput.measure(records)
+  # Fault times count from the first progress record, as the records' do.
+  marks = [timeline.Mark(f["time"], f"{f['target']} {f['signal']}") for f in report["faults"]]
+  value = measured.value
+  title = (f"tfps chaos: {report['faults_injected']} faults, {report['recoveries']} recovered, "
+           f"{report['steps_lost']} steps lost, goodput "
+           f"{'n/a' if value is None else f'{100 * value:.1f} %'}")
+  path = os.path.join(model_dir, "timeline.png")
+  try:
+    timeline.plot(path, records, marks, title)
+  except (OSError, ValueError) as e:  # The picture is a convenience, never the verdict.
+    logging.warning("timeline not drawn: %s", e)
+    path = None
+  return {"goodput": measured.as_dict(), "timeline": path}
+
+
 def _checks(result: dict, train_steps: int, model_dir: str) -> dict[str, bool]:
   metrics = result.get("eval") or {}
   loss = metrics.get("loss")
   auc = metrics.get("auc")
+  accounting = result.get("input") or {}
+  if accounting.get("positioned"):
+    # Every example of a completed epoch trained on (none lost to a fault).
+    covered = {"input_covered": bool(accounting.get("consistent")) and
+               accounting.get("never_trained") == 0 and accounting.get("trained_twice") == 0}
+  else:
+    covered = {}  # Endless input: no epochs to account for.
   return {
+      **covered,
       "reached_train_steps": (result.get("global_step") or 0) >= train_steps,
       "checkpoint_restores": _checkpoint_restores(model_dir, result.get("global_step")),
       "eval_sane": (loss is None or math.isfinite(loss)) and (auc is None or 0.5 < auc <= 1.0)
