@@ -30,6 +30,8 @@ every run with the same settings, written atomically) and read one epoch at a
 time, shard `s` of `S` a contiguous run of whole batches read from only its
 own files. The runtime positions that finite input itself (every example
 trained on once per epoch, through faults; `tfps.coordinator.positioned`).
+The workers open the files by the paths the chief wrote them to: on several
+machines, `data_dir` must be on storage they all see at that path.
 Evaluation reads the held-out split in-graph: it is small, it is split
 exactly by index (every eval shard computes only its own examples), and it
 has no position to keep, so files would add nothing but a second copy.
