@@ -483,11 +483,15 @@ def test_local_with_unwritable_model_dir_fails_before_starting(tmp_path):
     ("chaos", "--steps_per_loop=0", "steps_per_loop (0) must be a positive integer"),
     ("local", "--worker_timeout=0", "worker_timeout (0.0) must be positive"),
     ("local", "--max_restarts=-1", "max_restarts (-1) must be >= 0"),
+    ("local", "--train_epochs=2 --train_steps=100",
+     "train_epochs (2) and train_steps (100): give one of the two"),
+    ("local", "--input_shards=0", "input_shards (0) must be a positive integer"),
 ], ids=["local_train_steps", "local_experiment_params", "local_unknown_experiment",
-        "chaos_steps_per_loop", "local_worker_timeout", "local_max_restarts"])
+        "chaos_steps_per_loop", "local_worker_timeout", "local_max_restarts",
+        "local_epochs_and_steps", "local_input_shards"])
 def test_local_bad_chief_flag_fails_before_starting_anything(tmp_path, command, flag, message):
   model_dir = str(tmp_path / "model")
-  run = _local([f"--model_dir={model_dir}", flag, "--num_ps=1", "--num_workers=1"],
+  run = _local([f"--model_dir={model_dir}", *flag.split(), "--num_ps=1", "--num_workers=1"],
                command=command, timeout=60)
   assert run.code == 2, run.stderr[-3000:]
   assert _error_line(run) == message

@@ -80,7 +80,9 @@ def run(flags) -> errors.ExitCode:
             **_goodput_and_timeline(model_dir, report)}
   if outcome.code == errors.ExitCode.OK:
     chief_result = local_command.final_result(model_dir, runner)
-    checks = _checks(chief_result, flags.train_steps, model_dir)
+    # With --train_epochs the step to reach is the chief's (epochs x batches).
+    checks = _checks(chief_result, chief_result.get("train_steps") or flags.train_steps,
+                     model_dir)
     # A schedule longer than the run proves nothing about the faults left out.
     checks["every_fault_injected"] = not pending
     if pending:

@@ -71,6 +71,12 @@ flags.DEFINE_string("experiment", "ctr", "Built-in experiment name or package.mo
 flags.DEFINE_string("model_dir", None,
                     "Checkpoints, summaries, events. tfps local: default a new temp dir.")
 flags.DEFINE_integer("train_steps", 2000, "Total training steps (global step to reach).")
+flags.DEFINE_integer("train_epochs", None,
+                     "Epochs of a finite training dataset to train (instead of --train_steps): "
+                     "ends when every example has been handed out that many times.")
+flags.DEFINE_integer("input_shards", None,
+                     "Shards the finite training input is split into to keep its position "
+                     "(default: about one closure of batches each, at most 256).")
 flags.DEFINE_integer("steps_per_loop", 200, "Steps per Orbit loop (progress/summary cadence).")
 flags.DEFINE_integer("steps_per_closure", 50, "Steps in one remote closure on a worker.")
 flags.DEFINE_integer("checkpoint_interval", 500, "Save a checkpoint every this many steps.")

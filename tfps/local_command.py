@@ -31,7 +31,8 @@ CHIEF_FLAGS = ("experiment", "train_steps", "steps_per_loop", "steps_per_closure
                "global_batch_size", "seed", "ready_timeout", "max_restarts", "restart_window",
                "cluster_wait_seconds", "grace_seconds", "worker_timeout", "ps_timeout",
                "eval_interval",
-               "eval_shards", "min_shard_bytes", "warm_standby")
+               "eval_shards", "min_shard_bytes", "warm_standby", "train_epochs",
+               "input_shards")
 
 
 def chief_flags(flags, model_dir: str) -> list[str]:
@@ -40,6 +41,8 @@ def chief_flags(flags, model_dir: str) -> list[str]:
     out.append(f"--experiment_params={','.join(flags.experiment_params)}")
   for name in CHIEF_FLAGS:
     value = getattr(flags, name)
+    if name == "train_steps" and flags.train_epochs is not None:
+      continue  # Epochs decide; the chief refuses both.
     if value is not None:
       out.append(f"--{name}={value}")
   return out

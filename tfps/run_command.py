@@ -284,11 +284,17 @@ def chief_config(flags, cluster: spec_lib.ClusterSpec, model_dir: str) -> api.Ch
   TensorFlow-free, so `tfps local` checks the flags it forwards to its chief
   before it starts any process.
   """
+  if flags.train_epochs is not None and flags["train_steps"].present:
+    raise errors.UsageError(
+        f"train_epochs ({flags.train_epochs}) and train_steps ({flags.train_steps}): "
+        "give one of the two")
   return api.ChiefConfig(
       cluster=cluster,
       experiment=flags.experiment,
       model_dir=model_dir,
       train_steps=flags.train_steps,
+      train_epochs=flags.train_epochs,
+      input_shards=flags.input_shards,
       steps_per_loop=flags.steps_per_loop,
       steps_per_closure=flags.steps_per_closure,
       checkpoint_interval=flags.checkpoint_interval,

@@ -78,7 +78,12 @@ class ChiefConfig:
     experiment: a built-in name (`ctr`) or `package.module:factory`.
     experiment_params: experiment-specific `key=value` settings.
     mode: `train`, `train_and_eval` or `eval`.
-    train_steps: train until the global step reaches this.
+    train_steps: train until the global step reaches this (unless train_epochs).
+    train_epochs: train this many epochs of a finite training dataset
+      (positioned input, coordinator.ledger); the step to reach is then
+      known once the input is measured. None: train_steps decides.
+    input_shards: shards of the finite training input; None lets the
+      runtime choose (coordinator.positioned).
     steps_per_loop: steps per Orbit train loop (one progress line each).
     steps_per_closure: at most this many steps per remote closure.
     checkpoint_interval: save every this many steps (and at the end).
@@ -104,6 +109,8 @@ class ChiefConfig:
   experiment_params: Mapping[str, str] = dataclasses.field(default_factory=dict)
   mode: Mode = Mode.TRAIN_AND_EVAL
   train_steps: int = 1000
+  train_epochs: int | None = None
+  input_shards: int | None = None
   steps_per_loop: int = 100
   steps_per_closure: int = 50
   checkpoint_interval: int = 500
@@ -132,7 +139,8 @@ class ChiefConfig:
     for name in ("train_steps", "steps_per_loop", "steps_per_closure",
                  "checkpoint_interval", "max_to_keep", "global_batch_size"):
       _positive_int(name, getattr(self, name))
-    for name in ("eval_steps", "eval_interval", "eval_shards", "min_shard_bytes"):
+    for name in ("eval_steps", "eval_interval", "eval_shards", "min_shard_bytes",
+                 "train_epochs", "input_shards"):
       if getattr(self, name) is not None:
         _positive_int(name, getattr(self, name))
     if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
