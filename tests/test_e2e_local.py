@@ -310,6 +310,26 @@ FACTORIES = textwrap.dedent('''
       return {"trainer": None}
 
 
+    def generator_input(context):
+      """A trainer whose input is a Python generator: it cannot run on the workers."""
+      step = orbit.utils.create_global_step()
+
+      def gen():
+        yield from range(100)
+
+      def dataset_fn(input_context):
+        return tf.data.Dataset.from_generator(
+            gen, output_signature=tf.TensorSpec([], tf.int64)).batch(4)
+
+      class Trainer(orbit.StandardTrainer):
+        def train_step(self, iterator):
+          next(iterator)
+          step.assign_add(1)
+
+      return experiment.Experiment(trainer=Trainer(dataset_fn), evaluator=None,
+                                   checkpoint_items={}, global_step=step)
+
+
     class _TinyTrainer(orbit.StandardTrainer):
       def __init__(self, model, optimizer, global_step):
         self.strategy = tf.distribute.get_strategy()
@@ -415,7 +435,11 @@ def _check_given_up_at_once(run: Finished, model_dir: str, failure: str) -> None
      "experiment factory 'e2e_factories:wrong_type' returned dict, "
      "expected tfps.Experiment"),
     (["--train_steps=-1"], 2, "train_steps (-1) must be a positive integer"),
-], ids=["unknown_experiment", "factory_raises", "factory_wrong_type", "negative_train_steps"])
+    (["--experiment=e2e_factories:generator_input", "--mode=train"], 2,
+     "Trainer.train_dataset: this dataset cannot run on the workers (it uses Python state "
+     "such as from_generator or py_function); build it from files or tensors"),
+], ids=["unknown_experiment", "factory_raises", "factory_wrong_type", "negative_train_steps",
+        "generator_input"])
 def test_chief_bad_input_is_one_line_and_permanent(cluster, factories_dir, tmp_path,
                                                    flags, code, message):
   model_dir = str(tmp_path / "model")
