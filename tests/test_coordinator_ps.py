@@ -280,6 +280,71 @@ def test_exact_eval_of_chief_side_dataset(runtime):
   assert evaluator.metrics[1].count.numpy() == 300
 
 
+class Count(tf_keras.metrics.Metric):
+  """A hand-written metric as users write them: its __init__ takes only a name."""
+
+  def __init__(self, name="count"):
+    super().__init__(name=name)
+    self.seen = self.add_weight("seen", initializer="zeros", dtype=tf.int64)
+
+  def update_state(self, values):
+    self.seen.assign_add(tf.size(values, out_type=tf.int64))
+
+  def result(self):
+    return self.seen
+
+
+class CountingEvaluator(orbit.StandardEvaluator):
+  def __init__(self, dataset):
+    self.strategy = tf.distribute.get_strategy()
+    self.count = Count()
+    self.mean = tf_keras.metrics.Mean("mean")
+    super().__init__(dataset)
+
+  def eval_begin(self):
+    self.count.reset_state()
+    self.mean.reset_state()
+
+  def eval_step(self, iterator):
+    def step_fn(values):
+      self.count.update_state(values)
+      self.mean.update_state(tf.cast(values, tf.float32))
+    self.strategy.run(step_fn, args=(next(iterator),))
+
+  def eval_end(self):
+    return {"count": self.count.result(), "mean": self.mean.result()}
+
+
+def test_exact_eval_of_a_metric_whose_init_does_not_take_its_config(runtime):
+  with pytest.raises(TypeError):  # What copying it from its config did.
+    Count.from_config(Count().get_config())
+  with runtime.strategy.scope():
+    evaluator = CountingEvaluator(tf.data.Dataset.range(1000).batch(32))
+  got = evaluator_lib.PSEvaluator(evaluator, runtime, num_shards=6).evaluate(tf.constant(-1))
+  assert int(got["count"]) == 1000  # Every example once, through 6 shards.
+  assert float(got["mean"]) == pytest.approx(499.5)
+
+
+def test_a_metric_whose_state_is_out_of_reach_is_refused_in_one_line(runtime):
+  class Hidden(tf_keras.metrics.Metric):
+    def __init__(self):
+      super().__init__(name="hidden")
+      self.parts = [self.add_weight("total", initializer="zeros")]  # In a list.
+
+    def update_state(self, values):
+      self.parts[0].assign_add(tf.reduce_sum(values))
+
+    def result(self):
+      return self.parts[0]
+
+  with runtime.strategy.scope():
+    evaluator = CountingEvaluator(tf.data.Dataset.range(10).batch(2))
+    evaluator.count = Hidden()
+  with pytest.raises(errors.UsageError, match="metric 'hidden' \\(Hidden\\) keeps state "
+                     "variables"):
+    evaluator_lib.PSEvaluator(evaluator, runtime, num_shards=2)
+
+
 def _chief_config(cluster, model_dir, **overrides):
   kwargs = dict(cluster=cluster, model_dir=str(model_dir), experiment_params=SMALL_CTR,
                 global_batch_size=256, steps_per_loop=100, checkpoint_interval=100,

@@ -7,13 +7,14 @@ scheduled as `num_shards` closures. Each closure
 
   1. builds its own iterator over its shard of the eval dataset
      (`datasets.EvalShards`), inside the closure;
-  2. creates *local* copies of the evaluator's metrics, variables that live
-     only for that one execution of the closure on its worker;
+  2. gives each of the evaluator's metrics *local* state: while the closure
+     is traced, the metric's state attributes (Mean's `total` and `count`,
+     AUC's confusion counts, ...) point at variables that live only for that
+     one execution of the closure on its worker (no metric is rebuilt, so
+     any tf_keras metric works, whatever its constructor takes);
   3. runs the evaluator's own `eval_step` over the shard, which updates the
-     local copies (the evaluator's metric attributes point at the copies while
-     the closure is traced, so `self.auc.update_state(...)` in `eval_step`
-     reaches the copy);
-  4. returns the copies' state.
+     local state (`self.auc.update_state(...)` reaches it);
+  4. returns that state.
 
 The chief then resets the evaluator's metrics, adds up the returned states
 and calls the evaluator's `eval_end()`. A closure that dies with its worker
@@ -37,7 +38,6 @@ import numpy as np
 import orbit
 import tensorflow as tf
 import tf_keras
-from tf_keras.src.utils import tf_utils as _tf_keras_utils
 
 from tfps.coordinator import datasets
 from tfps.coordinator import strategy as strategy_lib
@@ -84,38 +84,65 @@ def find_metrics(evaluator: Any) -> dict[str, list[tf_keras.metrics.Metric]]:
   return found
 
 
-def _clone(metric: tf_keras.metrics.Metric) -> tf_keras.metrics.Metric:
-  return type(metric).from_config(metric.get_config())
+def _state_attributes(metric: tf_keras.metrics.Metric) -> list[str]:
+  """The metric's attributes that hold its state variables (e.g. Mean's total, count)."""
+  state = {id(v) for v in metric.variables}
+  return [name for name, value in vars(metric).items()
+          if not name.startswith("_self_") and id(value) in state]
 
 
-def _replace(value: Any, clones: dict[int, tf_keras.metrics.Metric]) -> Any:
-  if isinstance(value, tf_keras.metrics.Metric):
-    return clones[id(value)]
-  if isinstance(value, tuple):
-    return tuple(clones.get(id(v), v) for v in value)
-  if isinstance(value, list):
-    return [clones.get(id(v), v) for v in value]
-  if isinstance(value, dict):
-    return {k: clones.get(id(v), v) for k, v in value.items()}
-  return value
+def check_copyable(metric: tf_keras.metrics.Metric, what: str) -> None:
+  """UsageError unless every state variable of `metric` is held in one of its attributes.
+
+  Exact evaluation gives each shard its own state by pointing those
+  attributes at fresh variables while the shard is traced (below): that
+  needs no constructor call, so a metric whose `__init__` does not take its
+  own `get_config()` works, with every setting it has; but it needs to find
+  the state where `update_state` reads it.
+  """
+  if not metric.variables:
+    raise errors.UsageError(
+        f"{what}: metric {metric.name!r} ({type(metric).__name__}) has no state before its "
+        "first update (it builds it lazily); build it when you create it, e.g. with "
+        "self.add_weight(...) in __init__")
+  attributes = _state_attributes(metric)
+  if len(attributes) != len(metric.variables):
+    held = {id(getattr(metric, a)) for a in attributes}
+    missing = [v.name for v in metric.variables if id(v) not in held]
+    raise errors.UsageError(
+        f"{what}: metric {metric.name!r} ({type(metric).__name__}) keeps state variables "
+        f"{missing} outside its own attributes, so exact evaluation cannot give each shard "
+        "its own copy; create them with self.add_weight(...) and keep each in an attribute")
 
 
 @contextlib.contextmanager
-def _metrics_redirected(evaluator: Any, names: list[str],
-                        clones: dict[int, tf_keras.metrics.Metric]) -> Iterator[None]:
-  """Points the evaluator's metric attributes at `clones` (trace time only).
+def _local_state(metrics: list[tf_keras.metrics.Metric]) -> Iterator[dict[int, tf.Variable]]:
+  """Points each metric's state attributes at fresh, function-local variables.
 
-  `object.__setattr__` bypasses tf.Module's attribute tracking, so the swap
-  leaves the evaluator's checkpoint dependencies untouched.
+  For the trace of one shard's closure: `update_state` then adds to variables
+  that live only for one execution of the closure on its worker (not lifted
+  out of the function: tf_keras's own exact evaluation does the same), and
+  the metric objects, their settings and the evaluator are left as they
+  were. `object.__setattr__` bypasses tf.Module's tracking, so the swap does
+  not touch checkpoint dependencies. Yields id(original variable) -> local.
   """
-  saved = {name: vars(evaluator)[name] for name in names}
+  saved, local = [], {}
   try:
-    for name, value in saved.items():
-      object.__setattr__(evaluator, name, _replace(value, clones))
-    yield
+    for metric in metrics:
+      for name in _state_attributes(metric):
+        original = getattr(metric, name)
+        shape, dtype = original.shape, original.dtype
+        copy = tf.Variable(lambda shape=shape, dtype=dtype: tf.zeros(shape, dtype),
+                           dtype=dtype, shape=shape, trainable=False,
+                           experimental_enable_variable_lifting=False,
+                           name=f"local_{original.name.split(':')[0].split('/')[-1]}")
+        saved.append((metric, name, original))
+        local[id(original)] = copy
+        object.__setattr__(metric, name, copy)
+    yield local
   finally:
-    for name, value in saved.items():
-      object.__setattr__(evaluator, name, value)
+    for metric, name, original in reversed(saved):
+      object.__setattr__(metric, name, original)
 
 
 class PSEvaluator(orbit.AbstractEvaluator):
@@ -130,13 +157,14 @@ class PSEvaluator(orbit.AbstractEvaluator):
     self._runtime = runtime
     what = f"{type(evaluator).__name__}"
     held = find_metrics(evaluator)
-    self._names = list(held)  # Every attribute pointing at a metric is redirected.
     unique = {id(m): m for metrics in held.values() for m in metrics}
     self._metrics = list(unique.values())
     if not self._metrics:
       raise errors.UsageError(
           f"{what}: exact evaluation needs the evaluator's results in tf_keras "
           "metrics held as attributes; found none")
+    for metric in self._metrics:
+      check_copyable(metric, what)
     num_shards = num_shards or 4 * runtime.num_workers
     if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
       raise errors.UsageError(f"num_shards ({num_shards!r}) must be a positive integer")
@@ -156,33 +184,19 @@ class PSEvaluator(orbit.AbstractEvaluator):
     return self._shards.num_shards
 
   def _run_shard(self, shard_index, num_batches):
-    """One shard, on a worker: fresh local metrics in, their state out.
+    """One shard, on a worker: fresh local metric state in, that state out.
 
     Traced outside `strategy.scope()`: inside it, ParameterServerStrategy would
     place even these function-local variables on a ps.
     """
-    redirection, clones = self._redirect_to_local_metrics()
-    try:
+    with _local_state(self._metrics) as local:
       dataset = self._shards.build(shard_index).take(num_batches)  # -1: all.
       # Over an iterator (not the dataset) AutoGraph builds a while loop;
       # over a dataset it would run eval_step inside a tf.data function.
       for element in iter(dataset):
         self._evaluator.eval_step(_OneBatch(element))
-    finally:
-      redirection.close()
-    return [[tf.convert_to_tensor(v) for v in clones[id(m)].variables]
-            for m in self._metrics]
-
-  @tf.autograph.experimental.do_not_convert
-  def _redirect_to_local_metrics(self):
-    """Creates function-local metric copies and points the evaluator at them."""
-    stack = contextlib.ExitStack()
-    # tf_keras's switch for function-local (not lifted) metric variables, the
-    # one its own exact evaluation (pss_evaluation_shards) uses.
-    stack.enter_context(_tf_keras_utils.with_metric_local_vars_scope())
-    clones = {id(m): _clone(m) for m in self._metrics}
-    stack.enter_context(_metrics_redirected(self._evaluator, self._names, clones))
-    return stack, clones
+      return [[tf.convert_to_tensor(local[id(v)]) for v in m.variables]
+              for m in self._metrics]
 
   def evaluate(self, num_steps: tf.Tensor) -> dict[str, Any] | None:
     """Evaluates every batch once (num_steps == -1) or `num_steps` batches in total.
