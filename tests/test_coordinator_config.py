@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+import numpy as np
 import tensorflow as tf
 
 from tfps.cluster import spec as spec_lib
@@ -124,13 +125,14 @@ class _FakeStep:
 class _FakeTrainer:
   """Advances the step like a trainer would, `overshoot` extra (a retried closure)."""
 
-  def __init__(self, step, clock, loss, overshoot=0):
+  def __init__(self, step, clock, loss, overshoot=0, key="loss", extra=None):
     self.step, self.clock, self.loss, self.overshoot = step, clock, loss, overshoot
+    self.key, self.extra = key, extra or {}
 
   def train(self, num_steps):
     self.step.value += int(num_steps) + self.overshoot
     self.clock.now += 2.0
-    return {"loss": self.loss}
+    return {self.key: self.loss, **self.extra}
 
 
 class _Clock:
@@ -148,17 +150,39 @@ def test_progress_counts_steps_that_ran_and_logs_a_line(caplog):
   output = measured.train(20)
   assert measured.steps == 22 and measured.seconds == 2.0  # Re-run steps are work done.
   assert output["examples_per_second"] == pytest.approx(110.0)
-  assert "step 22/100 | 11.0 steps/s | 110 examples/s | loss 0.5000 | ETA 0:00:07" \
+  assert "step 22/100 | 11.0 steps/s | 110 examples/s | loss 0.5 | ETA 0:00:07" \
       in caplog.text
 
 
-@pytest.mark.parametrize("loss", [math.nan, math.inf])
-def test_non_finite_loss_is_permanent(loss):
+def test_the_progress_line_shows_the_trainers_own_outputs(caplog):
+  # Orbit's SingleTaskTrainer names its loss `training_loss`; others add metrics.
   step, clock = _FakeStep(), _Clock()
-  measured = progress.MeasuredTrainer(_FakeTrainer(step, clock, loss), step,
+  trainer = _FakeTrainer(step, clock, 0.25, key="training_loss",
+                         extra={"accuracy": np.float32(0.875), "lr": tf.constant(0.01),
+                                "table": np.zeros([3]), "name": "not a number"})
+  measured = progress.MeasuredTrainer(trainer, step, target=100, batch_size=10, clock=clock)
+  caplog.set_level("INFO", logger="absl")
+  measured.train(20)
+  assert "| training_loss 0.25 accuracy 0.875 lr 0.01 | ETA" in caplog.text
+  assert "n/a" not in caplog.text.replace("ETA n/a", "")
+
+
+@pytest.mark.parametrize("key", ["loss", "training_loss", "total_loss"])
+@pytest.mark.parametrize("loss", [math.nan, math.inf])
+def test_non_finite_loss_is_permanent_whatever_its_name(loss, key):
+  step, clock = _FakeStep(), _Clock()
+  measured = progress.MeasuredTrainer(_FakeTrainer(step, clock, loss, key=key), step,
                                       target=100, batch_size=10, clock=clock)
-  with pytest.raises(errors.PermanentError, match=f"loss is {loss} at step 5"):
+  with pytest.raises(errors.PermanentError, match=f"{key} is {loss} at step 5"):
     measured.train(5)
+
+
+def test_a_non_finite_output_that_is_not_a_loss_does_not_stop_the_run():
+  step, clock = _FakeStep(), _Clock()
+  measured = progress.MeasuredTrainer(
+      _FakeTrainer(step, clock, 0.5, extra={"grad_norm_max": math.inf}), step,
+      target=100, batch_size=10, clock=clock)
+  measured.train(5)
 
 
 @pytest.mark.parametrize("make, steps, cannot_end", [

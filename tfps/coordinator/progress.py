@@ -1,17 +1,19 @@
 """Progress of training: throughput, ETA, and the lines a person reads on stderr.
 
 `MeasuredTrainer` wraps the trainer the Controller drives. After every train
-loop it measures what the loop achieved from the global step (so steps that a
-retried closure ran twice count as work done, see `trainer.PSTrainer`), logs
-one progress line, adds `examples_per_second` to the loop's output (so it is
-also a TensorBoard summary), and stops the run on a NaN or infinite loss.
+loop it measures what the loop achieved from the global step, logs one
+progress line with the scalars the trainer's `train_loop_end` returned
+(whatever their names: `loss`, Orbit's `training_loss`, `accuracy`, ...),
+adds `examples_per_second` to the loop's output (so it is also a TensorBoard
+summary), and stops the run when a loss is NaN or infinite: any scalar
+output whose name contains `loss`.
 """
 
 import dataclasses
 import datetime
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from absl import logging
 import numpy as np
@@ -30,7 +32,7 @@ class LoopReport:
   steps: int
   seconds: float
   batch_size: int
-  loss: float | None
+  outputs: dict[str, float] = dataclasses.field(default_factory=dict)
 
   @property
   def steps_per_sec(self) -> float:
@@ -52,9 +54,32 @@ class LoopReport:
     parts = [f"step {self.step}/{self.target}",
              f"{self.steps_per_sec:.1f} steps/s",
              f"{self.examples_per_sec:,.0f} examples/s",
-             f"loss {self.loss:.4f}" if self.loss is not None else "loss n/a",
+             *([" ".join(f"{k} {v:.4g}" for k, v in list(self.outputs.items())[:_MAX_SHOWN])]
+               if self.outputs else []),
              f"ETA {datetime.timedelta(seconds=round(eta))}" if eta is not None else "ETA n/a"]
     return " | ".join(parts)
+
+  def non_finite_loss(self) -> tuple[str, float] | None:
+    """The first output named like a loss whose value is NaN or infinite."""
+    return next(((k, v) for k, v in self.outputs.items()
+                 if "loss" in k.lower() and not math.isfinite(v)), None)
+
+
+# Outputs shown on the progress line: the first few scalars, in the trainer's order.
+_MAX_SHOWN = 6
+
+
+def _scalars(output: Any) -> dict[str, float]:
+  """The scalar numbers among a loop's outputs (a dict, maybe nested one level)."""
+  if not isinstance(output, Mapping):
+    return {}
+  found = {}
+  for key, value in output.items():
+    if isinstance(value, Mapping):  # e.g. {"metrics": {...}}: one level down.
+      found.update({f"{key}/{k}": v for k, v in _scalars(value).items()})
+    elif (number := _scalar(value)) is not None:
+      found[str(key)] = number
+  return found
 
 
 def _scalar(value: Any) -> float | None:
@@ -98,14 +123,15 @@ class MeasuredTrainer(orbit.AbstractTrainer):
     step = int(self._global_step.numpy())
     self.steps += step - start_step
     self.seconds += seconds
-    loss = _scalar(output["loss"]) if isinstance(output, dict) and "loss" in output else None
     report = LoopReport(step=step, target=self.target, steps=step - start_step,
-                        seconds=seconds, batch_size=self._batch_size, loss=loss)
+                        seconds=seconds, batch_size=self._batch_size,
+                        outputs=_scalars(output))
     logging.info("%s", report.line())
     if self._on_loop is not None:
       self._on_loop(step)
-    if loss is not None and not math.isfinite(loss):
-      raise errors.NonFiniteLossError(f"loss is {loss} at step {step}; stopping (not retryable)")
+    if (bad := report.non_finite_loss()) is not None:
+      raise errors.NonFiniteLossError(
+          f"{bad[0]} is {bad[1]} at step {step}; stopping (not retryable)")
     if isinstance(output, dict):
       output = dict(output, examples_per_second=report.examples_per_sec)
     return output
