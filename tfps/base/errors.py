@@ -26,6 +26,9 @@ class ExitCode(enum.IntEnum):
   PREEMPTED = 128 + signal.SIGTERM
   # Lost a task or the whole cluster (unreachable, ps gone): retry later.
   CLUSTER_LOST = 170
+  # A ps/worker's address is taken (often by the previous process of the same
+  # task, still exiting): retry, after freeing it if it stays taken.
+  ADDRESS_IN_USE = 171
 
   @property
   def retryable(self) -> bool:
@@ -81,6 +84,12 @@ class RetryableError(TfpsError):
   """A failure of the environment; the same command may succeed later."""
 
   exit_code = ExitCode.CLUSTER_LOST
+
+
+class AddressInUseError(RetryableError):
+  """This task's host:port is held by another process."""
+
+  exit_code = ExitCode.ADDRESS_IN_USE
 
 
 class Preempted(RetryableError):

@@ -72,6 +72,9 @@ _STARTUP_NOISE = re.compile(
     # connects; the line before it ("Creating sync eager service context") stays.
     r"|^SessionOptions: "
     r"|Number of GPUs on workers"
+    # A server that cannot bind its port: tfps says so itself, in one line
+    # naming the address (ps_worker.server).
+    r"|Could not start gRPC server|No address added out of total \d+ resolved"
     # Orbit's per-loop line; tfps's progress line says the same, with an ETA.
     r"|^train \| step: +\d+ \| steps/sec"
     # TF's checkpoint saver makes a new function per save of variables on

@@ -14,8 +14,10 @@ call `base.signals.StopSignals.install()` first, then `serve`.
 """
 
 import dataclasses
+import errno
 import os
 import signal
+import socket
 import time
 
 import grpc
@@ -99,10 +101,19 @@ def serve(config: spec_lib.TaskConfig, stop: StopSignals,
   session_config = session_config_for(config.task.job, config.cluster, options, tf)
   if stop.requested:  # Told to stop while TF was importing: do not start.
     return errors.exit_code_for_signal(stop.signum)
-  tf.distribute.Server(
-      tf.train.ClusterSpec(_server_cluster(config.cluster)),
-      job_name=config.task.job.value, task_index=config.task.index,
-      protocol="grpc", config=session_config, start=True)
+  try:
+    tf.distribute.Server(
+        tf.train.ClusterSpec(_server_cluster(config.cluster)),
+        job_name=config.task.job.value, task_index=config.task.index,
+        protocol="grpc", config=session_config, start=True)
+  except tf.errors.OpError as e:
+    port = int(config.address.rpartition(":")[2])
+    if not port_in_use(port):
+      raise
+    raise errors.AddressInUseError(
+        f"{config.task}: address {config.address} is in use (port {port} is held by another "
+        "process, often the previous one of this task still exiting); free it or wait, "
+        "then start again") from e
   logging.info("serving %s at %s (pid %d); SIGTERM stops it with exit code %d",
                config.task, config.address, os.getpid(), errors.ExitCode.PREEMPTED)
   stop.wait()
@@ -112,6 +123,17 @@ def serve(config: spec_lib.TaskConfig, stop: StopSignals,
   logging.info("%s stopping on %s: exit code %d", config.task,
                signal.Signals(stop.signum).name, code)
   return code
+
+
+def port_in_use(port: int) -> bool:
+  """True if another process listens on `port` (TF servers listen on every interface)."""
+  with socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET) as probe:
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not "in use".
+    try:
+      probe.bind(("", port))
+    except OSError as e:
+      return e.errno == errno.EADDRINUSE
+  return False
 
 
 def _warn_chief(task: spec_lib.TaskId, options: ServerOptions) -> None:
