@@ -16,11 +16,8 @@ def test_short_chaos_run_recovers_every_fault(tfps, tmp_path):
   result = tfps([
       "chaos", f"--model_dir={tmp_path}", "--num_ps=1", "--num_workers=2",
       f"--experiment_params={SMALL_CTR}", "--global_batch_size=128",
-      # Faults count from the coordinator's start; training begins ~5 s later
-      # and runs ~250 steps/s here, so at most ~750 steps are done by the
-      # chief's kill: 2500 outlasts both faults even on a machine twice as
-      # fast (tfps chaos fails otherwise).
-      "--faults=worker:1@3:kill+2,chief:0@8:kill+2",
+      # Placed by step: each lands while training runs, however fast the host.
+      "--faults=worker:1@step300:kill+2,chief:0@step1200:kill+2",
       "--train_steps=2500", "--steps_per_loop=100", "--checkpoint_interval=500",
       "--steps_per_closure=10",  # Less to trace at each coordinator start.
       "--worker_timeout=60"], timeout=600)
@@ -28,6 +25,7 @@ def test_short_chaos_run_recovers_every_fault(tfps, tmp_path):
   (line,) = [l for l in result.stdout.splitlines() if l.strip()]
   report = json.loads(line)
   assert report["status"] == "ok" and all(report["checks"].values()), report
+  assert report["skipped_checks"] == [], report
   assert report["faults_injected"] == report["recoveries"] == 2
   assert [f["target"] for f in report["faults"]] == ["worker:1", "chief:0"]
   assert [f["signal"] for f in report["faults"]] == ["SIGKILL", "SIGKILL"]

@@ -23,7 +23,7 @@ def test_parse_explicit_faults_sorted_by_time():
 
 @pytest.mark.parametrize("text, message", [
     ("", "no fault"),
-    ("worker:1", "must look like TARGET@SECONDS:ACTION"),
+    ("worker:1", "must look like TARGET@SECONDS|stepN:ACTION"),
     ("worker:1@x:kill", "must look like"),
     ("worker:7@1:kill", "no task worker:7 in this cluster"),
     ("evaluator:0@1:kill", "no task evaluator:0"),
@@ -216,3 +216,36 @@ def test_soak_summary_pools_runs_and_splits_by_kind_of_fault():
   assert summary["by_kind"]["worker never"]["faults"] == 1
   assert summary["by_kind"]["worker kill"]["recovery_seconds"] == {"p50": 4.0, "max": 4.0}
   assert chaos.soak_summary([None])["recovery_seconds"] == {"p50": None, "max": None}
+
+
+def test_faults_by_step_parse_and_wait_for_their_step():
+  faults = chaos.parse_faults("worker:1@step500:kill+2,chief:0@step100:term+3", CLUSTER)
+  assert [(str(f.target), f.at_step) for f in faults] == [("chief:0", 100), ("worker:1", 500)]
+  assert str(faults[1]) == "worker:1@step500:kill+2"
+  assert not faults[0].due(seconds=1e6, step=99) and faults[0].due(seconds=0.0, step=100)
+
+
+def test_seconds_and_steps_do_not_mix():
+  with pytest.raises(errors.UsageError, match="mixes seconds and steps"):
+    chaos.parse_faults("worker:1@step500:kill,ps:0@20:kill", CLUSTER)
+
+
+@pytest.mark.parametrize("seed", range(1, 11))
+def test_a_random_schedule_by_step_lands_inside_the_run_for_every_seed(seed):
+  faults = chaos.random_schedule(seed=seed, count=3, duration=60, cluster=CLUSTER,
+                                 train_steps=2000)
+  steps = [f.at_step for f in faults]
+  assert steps == sorted(steps) and all(100 <= s <= 1500 for s in steps), steps
+  assert {f.target.job.value for f in faults} == {"worker", "ps", "chief"}
+  # Whatever the host's speed: a fault is due only by the step reached.
+  assert all(not f.due(seconds=1e9, step=f.at_step - 1) for f in faults)
+
+
+def test_a_train_only_run_skips_the_eval_check_instead_of_failing_it(tmp_path):
+  from tfps import chaos_command  # pylint: disable=import-outside-toplevel
+  result = {"global_step": 100, "eval": {}, "input": {"positioned": False}}
+  checks = chaos_command._checks(result, 100, str(tmp_path))
+  assert "eval_sane" not in checks and "input_covered" not in checks
+  assert chaos_command.skipped_checks(checks) == ["input_covered", "eval_sane"]
+  bad_eval = dict(result, eval={"auc": 0.3})
+  assert chaos_command._checks(bad_eval, 100, str(tmp_path))["eval_sane"] is False

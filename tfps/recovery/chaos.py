@@ -1,6 +1,8 @@
 """Fault schedules for `tfps chaos`, and the report they add up to (pure).
 
-A fault is written `TARGET@SECONDS:ACTION[+AFTER]`, several comma-separated:
+A fault is written `TARGET@WHEN:ACTION[+AFTER]`, several comma-separated;
+WHEN is seconds since training started, or `stepN`: once training has
+reached global step N (as the progress log shows), whatever the host's speed:
 
   worker:1@20:kill+5     SIGKILL worker 1 at t=20 s, start it again 5 s later
   ps:0@40:term+3         SIGTERM (preemption notice) ps 0, back 3 s later
@@ -8,10 +10,13 @@ A fault is written `TARGET@SECONDS:ACTION[+AFTER]`, several comma-separated:
   worker:0@30:stop+10    SIGSTOP worker 0 for 10 s, then SIGCONT
   worker:1@50:kill+never the worker never comes back
   ps:0@70:cut+8          cut ps 0's network link for 8 s (virtual hosts only)
+  ps:0@step800:kill+3    SIGKILL ps 0 once step 800 is reached
 
 Times count from the start of training. `random_schedule` draws a seeded
-schedule at a given rate; whatever the draw, it hits at least one worker, one
-ps and the chief, so the default run exercises every row that matters.
+schedule, spread over the run's steps (or over seconds); whatever the draw,
+it hits at least one worker, one ps and the chief, so the default run
+exercises every row that matters. Faults placed by step always land while
+training runs, on a fast host as on a slow one.
 """
 
 import dataclasses
@@ -47,12 +52,21 @@ class FaultAction(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True, order=True)
 class Fault:
-  """One injected fault. `back_after` is None when the target never returns."""
+  """One injected fault. `back_after` is None when the target never returns.
+
+  Injected at `at_step` (once training reached that step) if given, else at
+  `at_seconds` since training started.
+  """
 
   at_seconds: float
   target: spec_lib.TaskId
   action: FaultAction
   back_after: float | None = 5.0
+  at_step: int | None = None
+
+  def due(self, seconds: float, step: int) -> bool:
+    """Time to inject, `seconds` into training at global step `step`?"""
+    return step >= self.at_step if self.at_step is not None else seconds >= self.at_seconds
 
   def __post_init__(self):
     if self.at_seconds < 0:
@@ -68,7 +82,8 @@ class Fault:
 
   def __str__(self) -> str:
     after = "never" if self.back_after is NEVER else f"{self.back_after:g}"
-    return f"{self.target}@{self.at_seconds:g}:{self.action.value}+{after}"
+    when = f"step{self.at_step}" if self.at_step is not None else f"{self.at_seconds:g}"
+    return f"{self.target}@{when}:{self.action.value}+{after}"
 
 
 def parse_faults(text: str, cluster: spec_lib.ClusterSpec) -> tuple[Fault, ...]:
@@ -78,11 +93,17 @@ def parse_faults(text: str, cluster: spec_lib.ClusterSpec) -> tuple[Fault, ...]:
     faults.append(_parse_one(item, cluster))
   if not faults:
     raise errors.UsageError(f"--faults: no fault in {text!r}")
-  return tuple(sorted(faults))
+  if len({f.at_step is None for f in faults}) > 1:
+    raise errors.UsageError(f"--faults: {text!r} mixes seconds and steps; use one of the two")
+  return tuple(sorted(faults, key=_order))
+
+
+def _order(fault: Fault) -> tuple:
+  return (fault.at_step or 0, fault.at_seconds, str(fault.target))
 
 
 def _parse_one(item: str, cluster: spec_lib.ClusterSpec) -> Fault:
-  usage = "TARGET@SECONDS:ACTION[+SECONDS|+never], e.g. worker:1@20:kill+5"
+  usage = "TARGET@SECONDS|stepN:ACTION[+SECONDS|+never], e.g. worker:1@20:kill+5"
   target_text, at, rest = item.partition("@")
   when, colon, action_text = rest.partition(":")
   action_name, plus, after = action_text.partition("+")
@@ -97,22 +118,36 @@ def _parse_one(item: str, cluster: spec_lib.ClusterSpec) -> Fault:
     raise errors.UsageError(
         f"--faults: {item!r}: action {action_name!r} is not kill, term, stop or cut") from None
   try:
-    at_seconds = float(when)
+    at_step = int(when[len("step"):]) if when.startswith("step") else None
+    at_seconds = 0.0 if at_step is not None else float(when)
     back_after = (NEVER if after == "never" else float(after)) if plus else 5.0
   except ValueError:
     raise errors.UsageError(f"--faults: {item!r} must look like {usage}") from None
-  return Fault(at_seconds, target, action, back_after)
+  if at_step is not None and at_step < 0:
+    raise errors.UsageError(f"--faults: {item!r}: step ({at_step}) must be >= 0")
+  return Fault(at_seconds, target, action, back_after, at_step=at_step)
+
+
+# Random faults by step fall in this part of the run: after the first loops
+# (a coordinator that trains), early enough that the run's remaining steps
+# see the last one recovered.
+_STEP_SPAN = (0.05, 0.75)
 
 
 def random_schedule(*, seed: int, count: int, duration: float,
                     cluster: spec_lib.ClusterSpec, never_returns: bool = False,
-                    back_after: float = 5.0, network_faults: bool = False) -> tuple[Fault, ...]:
-  """`count` faults spread over `duration` seconds, drawn from `seed`.
+                    back_after: float = 5.0, network_faults: bool = False,
+                    train_steps: int | None = None) -> tuple[Fault, ...]:
+  """`count` faults drawn from `seed`, spread over the run's steps or `duration` seconds.
 
-  The first three hit a worker, a ps and the chief (in a seeded order);
-  the rest pick any task. Faults are spaced so that each has time to recover
-  before the next. With `never_returns`, one worker fault is permanent;
-  with `network_faults` (virtual hosts), link cuts are drawn too.
+  With `train_steps`, fault i is injected once training reaches a step in
+  the i-th of `count` equal slots of 5-75 % of `train_steps`: a fault waits
+  for the step, and a ps or chief fault rolls training back, so each fault
+  has recovered before the next, and every fault lands while training runs,
+  whatever the host's speed. Without, faults are spread over `duration`
+  seconds. The first three hit a worker, a ps and the chief (in a seeded
+  order); the rest pick any task. With `never_returns`, one worker fault is
+  permanent; with `network_faults` (virtual hosts), link cuts are drawn too.
   """
   if count < 3:
     raise errors.UsageError(f"fault count ({count}) must be >= 3 (a worker, a ps, the chief)")
@@ -123,15 +158,20 @@ def random_schedule(*, seed: int, count: int, duration: float,
   targets = [rng.choice([t for t in tasks if t.job == job]) for job in jobs]
   targets += [rng.choice(tasks) for _ in range(count - 3)]
   slot = duration / count
+  low, high = (train_steps * _STEP_SPAN[0], train_steps * _STEP_SPAN[1]) if train_steps else (0, 0)
   faults = []
   for i, target in enumerate(targets):
-    at = round(slot * i + rng.uniform(0.1, 0.4) * slot, 1)
+    fraction = rng.uniform(0.1, 0.4)
     action = rng.choice([a for a in FaultAction if a != FaultAction.CUT or network_faults])
-    faults.append(Fault(at, target, action, back_after))
+    if train_steps:
+      at_step = int(low + (high - low) / count * (i + fraction))
+      faults.append(Fault(0.0, target, action, back_after, at_step=at_step))
+    else:
+      faults.append(Fault(round(slot * (i + fraction), 1), target, action, back_after))
   if never_returns:
     i = next(i for i, f in enumerate(faults) if f.target.job == spec_lib.JobType.WORKER)
     faults[i] = dataclasses.replace(faults[i], action=FaultAction.KILL, back_after=NEVER)
-  return tuple(sorted(faults))
+  return tuple(sorted(faults, key=_order))
 
 
 @dataclasses.dataclass(frozen=True)
