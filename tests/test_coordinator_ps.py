@@ -430,6 +430,9 @@ def test_readme_experiment_example_trains(cluster, tmp_path, monkeypatch):
       train_steps=200, steps_per_loop=100, checkpoint_interval=100, global_batch_size=64))
   assert result.global_step == 200
   assert result.eval["accuracy"] > 0.9
+  # One epoch of 64 batches, given as the README says: positioned, ~3 epochs.
+  assert result.input["positioned"] and result.input["batches_per_epoch"] == 64
+  assert result.input["epochs_completed"] == 3
 
 
 # What a ctr train step moves between the coordinator and the ps, read from
