@@ -138,3 +138,16 @@ def test_a_coordinator_writes_its_thread_stacks_to_its_log_on_sigusr1(tmp_path):
   finally:
     processes.stop_group(process, grace=1)
   assert 'File "' in stderr_path.read_text()
+
+
+def test_help_lists_the_commands_and_each_commands_own_flags(tfps):
+  top = tfps(["--help"])
+  assert top.returncode == 0
+  for command in ("run", "local", "chaos", "k8s", "bench"):
+    assert f"\n  {command} " in top.stdout, top.stdout
+  chaos = tfps(["chaos", "--help"])
+  assert chaos.returncode == 0 and "--faults (default: none)" in chaos.stdout
+  assert "--train_steps (default: 2000)" in chaos.stdout
+  assert "--window_steps" not in chaos.stdout and "--image" not in chaos.stdout
+  bench = tfps(["bench", "--help"])
+  assert "--window_steps" in bench.stdout and "--image" not in bench.stdout

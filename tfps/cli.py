@@ -23,6 +23,23 @@ from tfps.base import errors
 
 FLAGS = flags.FLAGS
 COMMANDS = ("run", "local", "chaos", "k8s", "bench")
+# One line per command, for `tfps --help`.
+_SUMMARIES = {
+    "run": "the one binary for every task: ps/worker serve, the chief supervises training",
+    "local": "a whole cluster on this machine, run to completion; one JSON line",
+    "chaos": "tfps local under real faults; checks every recovery and the input coverage",
+    "k8s": "Kubernetes manifests (Kubeflow TFJob + NetworkPolicy) running tfps run",
+    "bench": "tfps beside the stock parameter-server patterns, side by side",
+}
+_sections: dict[str, list[str]] = {}
+_defined = set(FLAGS)
+
+
+def _section(name: str) -> None:
+  """Files the flags defined since the previous call under `name` (for per-command help)."""
+  global _defined
+  _sections[name] = sorted(set(FLAGS) - _defined)
+  _defined = set(FLAGS)
 
 # --- who am I and where is everyone (tfps run) --------------------------------
 flags.DEFINE_string("cluster_spec", None,
@@ -66,6 +83,8 @@ flags.DEFINE_list("exclude_workers", [],
                   "chief, internal: workers the supervisor left out (e.g. worker:1).")
 flags.DEFINE_float("ready_timeout", 180.0, "Seconds the chief waits for every task to answer.")
 
+_section("cluster")
+
 # --- what to train (chief) -----------------------------------------------------
 flags.DEFINE_string("experiment", "ctr", "Built-in experiment name or package.module:factory.")
 flags.DEFINE_string("model_dir", None,
@@ -95,6 +114,8 @@ flags.DEFINE_integer("min_shard_bytes", api.DEFAULT_MIN_SHARD_BYTES,
                      "Split variables larger than this across the ps tasks (0: never).")
 flags.DEFINE_integer("seed", 0, "Seed of the synthetic data and initialisation.")
 
+_section("training")
+
 # --- local cluster ---------------------------------------------------------------
 flags.DEFINE_integer("num_ps", 2, "tfps local: parameter servers.")
 flags.DEFINE_integer("num_workers", 2, "tfps local: workers.")
@@ -105,6 +126,8 @@ flags.DEFINE_enum("hosts", "loopback", ["loopback", "netns"],
                   "(every task on its own virtual host and address, as on separate VMs; "
                   "needed for 'cut' faults; needs root).")
 
+_section("local")
+
 # --- chaos -------------------------------------------------------------------------
 flags.DEFINE_string("faults", None,
                     "tfps chaos: explicit faults TARGET@SECONDS:ACTION[+SECONDS|+never], "
@@ -113,6 +136,8 @@ flags.DEFINE_integer("fault_count", 3, "tfps chaos: random faults (>= 3: worker,
 flags.DEFINE_float("chaos_duration", 60.0, "tfps chaos: seconds of training to spread faults over.")
 flags.DEFINE_float("restart_delay", 5.0, "tfps chaos: seconds before a faulted task comes back.")
 flags.DEFINE_bool("worker_never_returns", False, "tfps chaos: one worker fault is permanent.")
+
+_section("chaos")
 
 # --- bench -------------------------------------------------------------------------
 flags.DEFINE_bool("quick", False, "tfps bench: short windows (whole run under 5 minutes).")
@@ -129,11 +154,46 @@ flags.DEFINE_list("bench_sizes", ["default", "dense"],
 flags.DEFINE_list("bench_variants", ["single_process", "tutorial", "model_garden", "tfps"],
                   "tfps bench: patterns to compare.")
 
+_section("bench")
+
 # --- kubernetes ----------------------------------------------------------------------
 flags.DEFINE_string("job", "tfps", "tfps k8s: the TFJob's name.")
 flags.DEFINE_string("image", None, "tfps k8s: container image with tfps installed.")
 flags.DEFINE_string("volume_claim", "tfps-model",
                     "tfps k8s: ReadWriteMany claim mounted at /model ('' for a bucket model_dir).")
+
+
+_section("k8s")
+# The flags each command reads; `tfps CMD --help` lists these only.
+_HOST_ONLY = {"cluster_spec", "job_name", "task_index", "ps_hosts", "worker_hosts",
+              "chief_host", "inter_op_threads", "intra_op_threads", "thread_spinning",
+              "preemption_notice", "supervise", "exclude_workers"}
+_CHIEF = [f for f in _sections["cluster"] if f not in _HOST_ONLY] + _sections["training"]
+COMMAND_FLAGS = {
+    "run": _sections["cluster"] + _sections["training"],
+    "local": _CHIEF + _sections["local"],
+    "chaos": _CHIEF + _sections["local"] + _sections["chaos"],
+    "k8s": _CHIEF + ["num_ps", "num_workers"] + _sections["k8s"],
+    "bench": ["model_dir", "num_ps", "num_workers", "global_batch_size", "steps_per_loop",
+              "steps_per_closure", "checkpoint_interval", "min_shard_bytes", "train_steps",
+              "seed", "isolate_network", "ready_timeout", "faults"] + _sections["bench"],
+}
+
+
+def help_text(command: str | None) -> str:
+  """`tfps --help` (the commands) or `tfps CMD --help` (that command's flags, defaults)."""
+  if command is None:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: tfps COMMAND [--flags]   (tfps COMMAND --help: its flags)", "", "commands:"]
+    lines += [f"  {name:<{width}}  {_SUMMARIES[name]}" for name in COMMANDS]
+    return "\n".join(lines) + "\n"
+  lines = [f"usage: tfps {command} [--flags]   ({_SUMMARIES[command]})", "", "flags:"]
+  for name in COMMAND_FLAGS[command]:
+    flag = FLAGS[name]
+    default = flag.default_as_str.strip("'") if flag.default is not None else "none"
+    lines.append(f"  --{name} (default: {default})")
+    lines.append(f"      {flag.help}")
+  return "\n".join(lines) + "\n"
 
 
 def _fail(message: str, code: errors.ExitCode) -> None:
@@ -144,6 +204,10 @@ def _fail(message: str, code: errors.ExitCode) -> None:
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
+  if any(a in ("--help", "-h", "--helpshort", "--helpfull", "-?") for a in argv[1:]):
+    command = next((a for a in argv[1:] if a in COMMANDS), None)
+    sys.stdout.write(help_text(command))
+    sys.exit(0)
   try:
     rest = FLAGS(argv)
   except flags.Error as e:
