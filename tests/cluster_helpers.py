@@ -17,7 +17,9 @@ from tfps.recovery import events as events_lib
 from tfps.recovery import progress_log as progress_lib
 
 # The small ctr the fault tests train.
-SMALL_CTR = "vocab_sizes=3000:2000:1000,embedding_dim=8,hidden=32:16,eval_examples=2048"
+# 131,072 training examples (16 MB of files per model_dir, not the default 175 MB).
+SMALL_CTR = ("vocab_sizes=3000:2000:1000,embedding_dim=8,hidden=32:16,eval_examples=2048,"
+             "train_examples=131072")
 CHIEF = spec_lib.TaskId(spec_lib.JobType.CHIEF, 0)
 # How the fault tests' chiefs train and save.
 CHECKPOINT_INTERVAL = 200

@@ -7,7 +7,9 @@ import pytest
 
 pytestmark = pytest.mark.cluster
 
-SMALL_CTR = "vocab_sizes=3000:2000:1000,embedding_dim=8,hidden=32:16,eval_examples=2048"
+# 131,072 training examples (16 MB of files per model_dir, not the default 175 MB).
+SMALL_CTR = ("vocab_sizes=3000:2000:1000,embedding_dim=8,hidden=32:16,eval_examples=2048,"
+             "train_examples=131072")
 
 
 def test_short_chaos_run_recovers_every_fault(tfps, tmp_path):
