@@ -1,4 +1,4 @@
-"""The failure matrix (DESIGN.md), one row per test, with real processes and signals.
+"""The failure matrix (docs/recovery.md), one row per test, with real processes and signals.
 
 The session's loopback LocalCluster (`loopback_cluster` in conftest.py: 1 ps,
 2 workers) and one supervised chief (`tfps run`, training without end on the

@@ -2,9 +2,9 @@
 
 Every error tfps raises on purpose is a `TfpsError` whose *type* says whether
 an orchestrator should retry. The command-line edge turns the type into the
-exit code below; nothing ever inspects message text to decide (STYLE.md #5).
+exit code below; nothing ever inspects message text to decide.
 
-Exit codes follow DESIGN.md and Kubeflow's `restartPolicy: ExitCode`, which
+Exit codes follow the README's table and Kubeflow's `restartPolicy: ExitCode`, which
 retries exactly the codes >= 128 and treats 1-127 as permanent.
 """
 

@@ -13,6 +13,7 @@ import dataclasses
 
 import portpicker
 
+from tfps.cluster import server_threads
 from tfps.cluster import spec as spec_lib
 
 
@@ -20,17 +21,6 @@ from tfps.cluster import spec as spec_lib
 class InProcessCluster:
   cluster: spec_lib.ClusterSpec
   servers: tuple  # tf.distribute.Server, kept referenced so they keep serving.
-
-
-def server_inter_op_threads(num_workers: int) -> int:
-  """Inter-op threads a ps or worker needs so that closures cannot starve each other.
-
-  With fewer than `num_workers + 1` inter-op threads, servers on a 2-core
-  machine deadlock when closures of several workers run at once: measured
-  for workers (FIELD_NOTES; TF's own test helper applies the same rule) and
-  for ps tasks (2 threads hang with 2 workers, 3 run).
-  """
-  return max(2, num_workers + 1)
 
 
 def start(num_ps: int, num_workers: int) -> InProcessCluster:
@@ -44,7 +34,7 @@ def start(num_ps: int, num_workers: int) -> InProcessCluster:
       "chief": addresses(1), "ps": addresses(num_ps), "worker": addresses(num_workers)})
   tf_spec = tf.train.ClusterSpec(cluster.as_dict())
   server_config = tf.compat.v1.ConfigProto(
-      inter_op_parallelism_threads=server_inter_op_threads(num_workers))
+      inter_op_parallelism_threads=server_threads.inter_op_threads(num_workers))
   servers = []
   for task in cluster.tasks():
     if task.job == spec_lib.JobType.CHIEF:

@@ -2,7 +2,7 @@
 
 The training operator creates one pod per replica and writes `TF_CONFIG`
 into each, so every pod runs the same command, `tfps run`, and learns its
-role from `TF_CONFIG` (DESIGN.md). What the manifest must get right:
+role from `TF_CONFIG` (docs/architecture.md). What the manifest must get right:
 
   * `restartPolicy: ExitCode`: the operator restarts a pod whose container
     exits with a code >= 128 (preempted 143, interrupted 130, cluster lost

@@ -24,7 +24,7 @@ Name an experiment with `load_factory`: a built-in name (`ctr`) or
           global_step=step)
 
 Models must be tf_keras (Keras 2): Keras 3 cannot train the ShardedVariables
-that a variable partitioner creates (FIELD_NOTES.md).
+that a variable partitioner creates (docs/tensorflow-behaviour.md).
 """
 
 import dataclasses

@@ -9,7 +9,7 @@ that never answered (`ClusterUnreachableError`, retryable).
 Large variables are split across the ps tasks when `min_shard_bytes` is set
 (a `MinSizePartitioner` with at most one shard per ps): a variable becomes a
 `ShardedVariable` once it is larger than `min_shard_bytes`. Only tf_keras
-(Keras 2) layers work with such variables (FIELD_NOTES.md). Smaller
+(Keras 2) layers work with such variables (docs/tensorflow-behaviour.md). Smaller
 variables are placed whole, round-robin over the ps tasks.
 
 Every shard costs a lookup and an update on its ps and a partition/stitch

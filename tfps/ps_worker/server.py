@@ -23,7 +23,7 @@ import time
 import grpc
 from absl import logging
 
-from tfps.cluster import inprocess
+from tfps.cluster import server_threads
 from tfps.cluster import spec as spec_lib
 from tfps.recovery import notices
 from tfps.base import errors
@@ -82,7 +82,7 @@ def _server_cluster(cluster: spec_lib.ClusterSpec) -> dict[str, list[str]]:
 def session_config_for(job: spec_lib.JobType, cluster: spec_lib.ClusterSpec,
                        options: ServerOptions, tf):
   """The server's ConfigProto: thread pools sized for a shared, small machine."""
-  threads = options.inter_op_threads or inprocess.server_inter_op_threads(
+  threads = options.inter_op_threads or server_threads.inter_op_threads(
       cluster.num_tasks(spec_lib.JobType.WORKER))
   intra = options.intra_op_threads or (1 if job == spec_lib.JobType.PS else 0)  # 0: TF's.
   session_config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=threads,

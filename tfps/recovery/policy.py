@@ -1,11 +1,11 @@
 """What to do after a failure: a pure function of the failure and the history.
 
-Deciding is separate from doing (STYLE.md #4): `RestartPolicy.decide` maps
+Deciding is separate from doing: `RestartPolicy.decide` maps
 (failure kind, past restarts, now) to an `Action`; the supervisor and the
 handlers only carry actions out. No TensorFlow, no clocks, no I/O here, so
 every row of the failure matrix is a plain unit test.
 
-The failure matrix (DESIGN.md) as decisions:
+The failure matrix (docs/recovery.md) as decisions:
 
   kind                  action                  why
   WORKER_LOST           CONTINUE                TF re-runs its closures elsewhere and

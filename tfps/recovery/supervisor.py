@@ -2,7 +2,7 @@
 
 Why a child process: after a ps is lost, its variables are gone and TF's
 in-process cluster state cannot be rebuilt; a *new coordinator process*
-against the live servers can (FIELD_NOTES). So `tfps run` on the chief is a
+against the live servers can (docs/tensorflow-behaviour.md). So `tfps run` on the chief is a
 small supervisor that starts the coordinator, reads how it ended from its
 exit code (set by exception *type*, see `errors`), asks the pure
 `RestartPolicy` what to do, and does it:
