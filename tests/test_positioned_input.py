@@ -21,6 +21,7 @@ from tfps.coordinator import positioned as positioned_lib
 from tfps.coordinator import strategy as strategy_lib
 from tfps.coordinator import trainer as trainer_lib
 from tfps.recovery import coverage
+from tfps.recovery import events as events_lib
 from tfps.base import errors
 from tfps.recovery import progress_log as progress_lib
 
@@ -76,6 +77,8 @@ def test_a_resumed_run_continues_the_epoch_where_the_checkpoint_was(cluster, tmp
   assert np.array_equal(_counts(second), np.full(EXAMPLES, 2, np.int32))
   accounted = _coverage(tmp_path)
   assert accounted.ok and accounted.epochs_completed == 2
+  epochs = [e for e in events_lib.EventLog(str(tmp_path)).read() if e.kind == "epoch"]
+  assert [e.step for e in epochs] == [EPOCH, 2 * EPOCH], epochs  # Once each, resume or not.
 
 
 def test_a_python_generator_cannot_be_positioned(runtime):

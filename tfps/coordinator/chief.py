@@ -310,7 +310,8 @@ def _run_connected(config: ChiefConfig, interrupts: interrupts_lib.Interrupts, f
     measured = progress.MeasuredTrainer(
         trainer, global_step, target=config.train_steps or 0,
         batch_size=config.global_batch_size,
-        on_loop=lambda step: guard.after_loop(step, getattr(trainer, "last_loop", None)))
+        on_loop=lambda step: guard.after_loop(step, getattr(trainer, "last_loop", None),
+                                              trainer.ledger if positioned else None))
 
   eval_output = None
   # orbit.Controller prints its log lines on stdout as well as logging them.
@@ -333,7 +334,8 @@ def _run_connected(config: ChiefConfig, interrupts: interrupts_lib.Interrupts, f
       manager.save(checkpoint_number=start_step, check_interval=False)
     # For watchers (tfps chaos/bench) and the event log: a coordinator started
     # here, at this step (from a checkpoint, or from scratch at 0).
-    guard.account_restore(start_step, ledger.lengths if ledger else None)
+    guard.account_restore(start_step, ledger.lengths if ledger else None,
+                          ledger.epochs_completed if ledger else 0)
     if config.mode == Mode.EVAL and controller.restored is None:
       raise errors.UsageError(
           f"mode (eval) needs a checkpoint; model_dir ({config.model_dir}) has none")

@@ -55,15 +55,19 @@ class LoopGuard:
     self._cluster = cluster
     self._progress = progress_lib.ProgressLog(model_dir)
     self._events = events_lib.EventLog(model_dir)
+    self._epochs_logged = 0  # Set from the restored ledger (account_restore).
 
   def pending(self) -> bool:
     return self._interrupts.pending
 
-  def account_restore(self, start_step: int, shard_lengths=None) -> int:
+  def account_restore(self, start_step: int, shard_lengths=None,
+                      epochs_completed: int = 0) -> int:
     """Records where this coordinator starts; returns the steps lost (>= 0).
 
-    `shard_lengths`: the positioned input's shards (recovery.coverage).
+    `shard_lengths`: the positioned input's shards (recovery.coverage);
+    `epochs_completed`: the restored ledger's (epochs already in the event log).
     """
+    self._epochs_logged = epochs_completed
     previous = [r for r in self._progress.read_new() if not r.restored]
     self._progress.append(start_step, restored=True, shard_lengths=shard_lengths)
     lost = max(0, previous[-1].step - start_step) if previous else 0
@@ -75,13 +79,19 @@ class LoopGuard:
           detail=f"restored at step {start_step}, {lost} steps after the last checkpoint lost"))
     return lost
 
-  def after_loop(self, step: int, loop_input=None) -> None:
-    """`loop_input`: what the loop read (trainer.LoopInput), for the progress log."""
+  def after_loop(self, step: int, loop_input=None, ledger=None) -> None:
+    """`loop_input`: what the loop read (trainer.LoopInput), for the progress log;
+    `ledger`: the input ledger, whose completed epochs go to the event log."""
     chunks = reexecuted = None
     if loop_input is not None:
       chunks = [c.as_list() for c in loop_input.chunks] if loop_input.chunks else None
       reexecuted = loop_input.reexecuted
     self._progress.append(step, chunks=chunks, reexecuted=reexecuted or 0)
+    if ledger is not None and ledger.epochs_completed > self._epochs_logged:
+      self._epochs_logged = ledger.epochs_completed
+      self._events.append(events_lib.Event(
+          kind="epoch", step=step, detail=f"epoch {ledger.epochs_completed} trained: "
+          f"{ledger.batches_per_epoch} batches in {ledger.num_shards} shards"))
     if reexecuted:
       self._events.append(events_lib.Event(
           kind="recovered", step=step, steps_reexecuted=reexecuted,

@@ -23,7 +23,8 @@ class Event:
   """One line of the event log.
 
   Attributes:
-    kind: `failure`, `action` or `recovered`.
+    kind: `failure`, `action`, `recovered`, or `epoch` (an epoch of the
+      positioned input was handed out whole and trained).
     task: the task concerned, e.g. `worker:1`, `ps:0`, `chief:0`.
     failure: the failure kind (recovery.policy.FailureKind value), if any.
     action: the action taken (recovery.policy.Action value), if any.
@@ -53,8 +54,8 @@ class Event:
   time: float = dataclasses.field(default_factory=time.time)
 
   def __post_init__(self):
-    if self.kind not in ("failure", "action", "recovered"):
-      raise ValueError(f"kind ({self.kind!r}) must be failure, action or recovered")
+    if self.kind not in ("failure", "action", "recovered", "epoch"):
+      raise ValueError(f"kind ({self.kind!r}) must be failure, action, recovered or epoch")
     if self.workers_left_out is not None:  # JSON gives a list back.
       object.__setattr__(self, "workers_left_out", tuple(self.workers_left_out))
 
