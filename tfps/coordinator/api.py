@@ -10,6 +10,7 @@ with `ChiefConfig` before it starts any process (`tfps local`).
 
 import dataclasses
 import enum
+import importlib.util
 import types
 from typing import Any, Mapping
 
@@ -43,6 +44,25 @@ def experiment_target(name: str) -> tuple[str, str]:
   if not module or not attribute:
     raise errors.UsageError(f"experiment {name!r} must look like package.module:factory")
   return module, attribute
+
+
+def check_experiment_findable(name: str) -> None:
+  """UsageError if the experiment's module is not on the Python path.
+
+  Found without importing it (importlib's finder): the command line checks
+  this before it starts any task or imports TensorFlow. Whether the module
+  imports cleanly, has the factory and returns an `Experiment` is known only
+  when the coordinator loads it (a UsageError then too, never retried).
+  """
+  module, _ = experiment_target(name)
+  try:
+    found = importlib.util.find_spec(module)
+  except (ImportError, ValueError) as e:  # A parent package is missing, or a bad name.
+    found, reason = None, f"{type(e).__name__}: {e}"
+  else:
+    reason = "not found on the Python path; is PYTHONPATH set?"
+  if found is None:
+    raise errors.UsageError(f"experiment {name!r}: cannot import module {module!r} ({reason})")
 
 
 class Mode(str, enum.Enum):
