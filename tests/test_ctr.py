@@ -20,8 +20,10 @@ def test_params_parse_and_validate():
 
 def test_data_params_parse_and_the_data_dir_defaults_to_the_model_dir(tmp_path):
   config = ctr.CtrConfig.from_params(
-      {"train_examples": "5000", "records_per_file": "100", "data_dir": "/shared/ctr"})
-  assert (config.train_examples, config.records_per_file) == (5000, 100)
+      {"train_examples": "5000", "examples_per_record": "8", "records_per_file": "100",
+       "data_dir": "/shared/ctr"})
+  assert (config.train_examples, config.examples_per_record, config.records_per_file) == \
+      (5000, 8, 100)
   assert ctr.training_data_dir(config, "/model") == "/shared/ctr"
   assert ctr.CtrConfig().train_examples == 2048 * 512  # One epoch: about `tfps local`'s steps.
   assert ctr.training_data_dir(ctr.CtrConfig(), "/model") == "/model/data"

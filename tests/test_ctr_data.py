@@ -19,9 +19,12 @@ from tfps.coordinator import positioned
 from tfps.base import errors
 
 SEED = 3
-# 1000 examples in files of 64 records: 16 files, the last one short.
+# 1000 examples in blocks of 8 (the largest divisor of 1000 up to the default
+# 16), in files of 8 records (64 examples): 16 files, the last one short.
 CONFIG = ctr.CtrConfig(vocab_sizes=(300, 20000), num_dense=3, train_examples=1000,
-                       records_per_file=64)
+                       records_per_file=8)
+SETTINGS = ctr_data.DataSettings(seed=SEED, vocab_sizes=(300, 20000), num_dense=3,
+                                 num_examples=1000, examples_per_record=8, records_per_file=8)
 
 
 def _expected(config=CONFIG, seed=SEED):
@@ -56,13 +59,14 @@ def _file_state(files: ctr_data.TrainFiles):
 # --- records -------------------------------------------------------------------
 
 def test_records_are_the_bytes_protobuf_writes():
-  ints = {"a": np.array([0, 1, 127, 128, 300, 2**40]), "b": np.array([5, 0, 16383, 16384, 7, 1])}
+  ints = {"a": np.array([0, 1, 127, 128, 300, 2**40]), "b": np.array([5, 0, 16383, 16384, 7, 1]),
+          "c": np.array([[0, 2**20], [1, 1], [128, 5], [7, 16384], [0, 0], [2**40, 127]])}
   floats = {"z": np.linspace(-2, 2, 18, dtype=np.float32).reshape(6, 3)}
   data, offsets = example_records.encode(ints, floats)
   for i in range(6):
     example = tf.train.Example()
     for name, values in ints.items():
-      example.features.feature[name].int64_list.value.append(int(values[i]))
+      example.features.feature[name].int64_list.value.extend(np.atleast_1d(values[i]).tolist())
     example.features.feature["z"].float_list.value.extend(floats["z"][i].tolist())
     # Keys in sorted order: protobuf's deterministic output sorts map keys.
     assert data[offsets[i]:offsets[i + 1]] == example.SerializeToString(deterministic=True)
@@ -83,6 +87,8 @@ def test_records_parse_back_with_many_features():
 def test_negative_int64_features_are_refused():
   with pytest.raises(ValueError, match="non-negative"):
     example_records.encode({"a": np.array([1, -1])}, {})
+  with pytest.raises(ValueError, match="non-negative"):
+    example_records.encode({"a": np.array([[1, 2], [3, -1]])}, {})
 
 
 # --- files: written once, deterministic, atomic ------------------------------
@@ -90,13 +96,37 @@ def test_negative_int64_features_are_refused():
 def test_files_hold_the_training_examples_in_order(tmp_path):
   files = ctr.train_files(CONFIG, SEED, str(tmp_path))
   assert len(files.paths) == 16
-  assert [sum(1 for _ in tf.data.TFRecordDataset(p)) for p in files.paths] == [64] * 15 + [40]
+  assert [sum(1 for _ in tf.data.TFRecordDataset(p)) for p in files.paths] == [8] * 15 + [5]
   features, labels = _concat(_read(files.dataset_fn(100)(tf.distribute.InputContext())))
   expected, expected_labels = _expected()
   for name in expected:
     np.testing.assert_array_equal(features[name], expected[name])
   np.testing.assert_array_equal(labels, expected_labels)
   assert features["cat_1"].max() >= 128  # Multi-byte varints are in the data.
+
+
+def test_a_record_is_an_ordinary_example_holding_a_block_of_examples(tmp_path):
+  files = ctr.train_files(CONFIG, SEED, str(tmp_path))
+  assert files.settings == SETTINGS
+  records = list(tf.data.TFRecordDataset(files.paths[2]).skip(3).take(1))
+  block = tf.train.Example.FromString(records[0].numpy()).features.feature
+  assert sorted(block) == ["cat", "dense", "label"]
+  expected, expected_labels = _expected()
+  first = (2 * 8 + 3) * 8  # File 2, record 3: examples [152, 160).
+  ids = np.stack([expected["cat_0"], expected["cat_1"]], axis=1)[first:first + 8]
+  assert list(block["cat"].int64_list.value) == ids.reshape(-1).tolist()
+  np.testing.assert_array_equal(np.array(block["dense"].float_list.value, np.float32),
+                                expected["dense"][first:first + 8].reshape(-1))
+  assert list(block["label"].int64_list.value) == \
+      expected_labels[first:first + 8].reshape(-1).astype(int).tolist()
+
+
+def test_blocks_divide_the_examples(tmp_path):
+  assert ctr.train_files(ctr.CtrConfig(vocab_sizes=(50,), num_dense=1, train_examples=999),
+                         SEED, str(tmp_path)).settings.examples_per_record == 1
+  with pytest.raises(errors.UsageError, match=r"examples_per_record \(16\) must divide"):
+    ctr_data.DataSettings(seed=1, vocab_sizes=(5,), num_dense=1, num_examples=1000,
+                          examples_per_record=16, records_per_file=8)
 
 
 def test_same_settings_give_the_same_bytes_and_other_settings_another_directory(tmp_path):
@@ -112,7 +142,8 @@ def test_same_settings_give_the_same_bytes_and_other_settings_another_directory(
     assert f.read() != g.read()
   manifest = json.load(open(os.path.join(first.directory, "manifest.json")))
   assert manifest["settings"]["seed"] == SEED and manifest["settings"]["num_examples"] == 1000
-  assert [e["records"] for e in manifest["files"]] == [64] * 15 + [40]
+  assert manifest["settings"]["format"] == 2 and manifest["settings"]["examples_per_record"] == 8
+  assert [e["records"] for e in manifest["files"]] == [8] * 15 + [5]
 
 
 def test_a_second_call_reuses_the_files(tmp_path, monkeypatch):
@@ -151,7 +182,7 @@ def test_a_killed_generator_leaves_nothing_that_breaks_the_next(tmp_path):
         return encode(*args)
       ctr_data.example_records.encode = dying_encode
       ctr.train_files(ctr.CtrConfig(vocab_sizes=(300, 20000), num_dense=3,
-                                    train_examples=1000, records_per_file=64),
+                                    train_examples=1000, records_per_file=8),
                       {SEED}, {str(tmp_path)!r})
       """)
   killed = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
@@ -159,9 +190,7 @@ def test_a_killed_generator_leaves_nothing_that_breaks_the_next(tmp_path):
   left = [n for n in os.listdir(tmp_path) if n.startswith(".tmp-")]
   assert len(left) == 1 and not any(n.startswith("ctr-") for n in os.listdir(tmp_path))
   # A writer that is still running (this process) is left alone.
-  settings = ctr_data.DataSettings(seed=SEED, vocab_sizes=(300, 20000), num_dense=3,
-                                   num_examples=1000, records_per_file=64)
-  live = tmp_path / f".tmp-ctr-{settings.key}-x"
+  live = tmp_path / f".tmp-ctr-{SETTINGS.key}-x"
   live.mkdir()
   (live / "owner.json").write_text(json.dumps({"host": socket.gethostname(),
                                                "pid": os.getpid()}))
@@ -193,10 +222,13 @@ def test_a_set_written_meanwhile_by_another_process_wins(tmp_path, monkeypatch):
 
 # --- shards -----------------------------------------------------------------------
 
+# 40: 5 whole blocks a batch; 24 cuts blocks (blocks parsed, then split).
+@pytest.mark.parametrize("batch", [40, 24])
 @pytest.mark.parametrize("num_shards", [1, 3, 7, 16, 25])
-def test_shards_cover_every_record_once_in_whole_batches(tmp_path, num_shards):
-  batch = 40  # 25 batches: 1000 examples; 16 files of 64: shards start inside files.
+def test_shards_cover_every_record_once_in_whole_batches(tmp_path, num_shards, batch):
+  # 1000 examples in files of 64: shards start inside files (and, at 24, inside blocks).
   fn = ctr.train_files(CONFIG, SEED, str(tmp_path)).dataset_fn(batch)
+  total = -(-1000 // batch)
   shards = []
   for shard in range(num_shards):
     dataset = fn(tf.distribute.InputContext(num_shards, shard))
@@ -204,9 +236,10 @@ def test_shards_cover_every_record_once_in_whole_batches(tmp_path, num_shards):
     assert int(dataset.cardinality()) == len(batches)  # Known: the ledger need not count.
     shards.append(batches)
   sizes = [len(b) for b in shards]
-  assert sum(sizes) == 25 and max(sizes) - min(sizes) <= 1  # Balanced, contiguous.
+  assert sum(sizes) == total and max(sizes) - min(sizes) <= 1  # Balanced, contiguous.
   every = [b for batches in shards for b in batches]
-  assert all(len(labels) == batch for _, labels in every)
+  last = 1000 - batch * (total - 1)
+  assert [len(labels) for _, labels in every] == [batch] * (total - 1) + [last]
   features, labels = _concat(every)
   expected, expected_labels = _expected()
   np.testing.assert_array_equal(features["dense"], expected["dense"])

@@ -25,11 +25,12 @@ AUC (the true model's own) is about 0.845; dense features alone give about
 
 Training reads files, as a real CTR pipeline does: the first `train_examples`
 examples of the training split are written once as sharded TFRecord files of
-`tf.train.Example`s into `data_dir` (`tfps.coordinator.ctr_data`: reused by
-every run with the same settings, written atomically) and read one epoch at a
-time, shard `s` of `S` a contiguous run of whole batches read from only its
-own files. The runtime positions that finite input itself (every example
-trained on once per epoch, through faults; `tfps.coordinator.positioned`).
+`tf.train.Example`s, each a block of `examples_per_record` examples, into
+`data_dir` (`tfps.coordinator.ctr_data`: reused by every run with the same
+settings, written atomically) and read one epoch at a time, shard `s` of `S`
+a contiguous run of whole batches read from only its own files. The runtime
+positions that finite input itself (every example trained on once per epoch,
+through faults; `tfps.coordinator.positioned`).
 The workers open the files by the paths the chief wrote them to: on several
 machines, `data_dir` must be on storage they all see at that path.
 Evaluation reads the held-out split in-graph: it is small, it is split
@@ -40,7 +41,9 @@ Settings (`ExperimentContext.params`, all optional): `vocab_sizes`
 (colon-separated, default 60000:30000:20000:10000:5000 = 125k rows),
 `embedding_dim` (16), `num_dense` (8), `hidden` (64:32), `learning_rate`
 (0.05, Adagrad), `eval_examples` (16384), `train_examples` (1048576: an
-epoch of 2048 steps of 512), `records_per_file` (16384), `data_dir` (where
+epoch of 2048 steps of 512), `examples_per_record` (16; the set uses the
+largest divisor of `train_examples` up to it), `records_per_file` (1024, so
+16384 examples a file), `data_dir` (where
 the training files go, shared by runs and users; default `<model_dir>/data`).
 """
 
@@ -75,7 +78,10 @@ class CtrConfig:
   learning_rate: float = 0.05
   eval_examples: int = 16384
   train_examples: int = 2**20
-  records_per_file: int = 16384
+  # Examples per tf.train.Example: batches are read as B / 16 records (see
+  # ctr_data). 16 divides every batch size of the tests and the bench.
+  examples_per_record: int = 16
+  records_per_file: int = 1024
   data_dir: str = ""  # "": <model_dir>/data.
 
   def __post_init__(self):
@@ -85,7 +91,7 @@ class CtrConfig:
         raise errors.UsageError(
             f"ctr {field} ({':'.join(map(str, values))}) must be positive integers")
     for field in ("embedding_dim", "num_dense", "eval_examples", "train_examples",
-                  "records_per_file"):
+                  "examples_per_record", "records_per_file"):
       value = getattr(self, field)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise errors.UsageError(f"ctr {field} ({value!r}) must be a positive integer")
@@ -178,7 +184,10 @@ def train_files(config: CtrConfig, seed: int, data_dir: str) -> ctr_data.TrainFi
   """
   settings = ctr_data.DataSettings(
       seed=seed, vocab_sizes=config.vocab_sizes, num_dense=config.num_dense,
-      num_examples=config.train_examples, records_per_file=config.records_per_file)
+      num_examples=config.train_examples,
+      # Whole blocks only: the largest block size up to the setting that divides the data.
+      examples_per_record=math.gcd(config.examples_per_record, config.train_examples),
+      records_per_file=config.records_per_file)
   # One traced function for every file: half the time of running it eagerly.
   examples = tf.function(lambda index: make_examples(index, config, seed, _TRAIN),
                          input_signature=[tf.TensorSpec([None], tf.int64)])

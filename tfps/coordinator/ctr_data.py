@@ -6,10 +6,11 @@ directory, and every run with the same settings reads the same files:
 
 * Where: `<data_dir>/ctr-<key>/`, `key` a hash of everything the bytes
   depend on (`DataSettings`: seed, vocabularies, dense width, examples,
-  records per file, format). Other settings get another directory beside it,
-  so sets are never mixed. Its `manifest.json` lists the settings and each
-  file's records and bytes; a directory that no longer matches its manifest
-  is an error naming it, never rewritten in place (others may be reading it).
+  examples per record, records per file, format). Other settings get
+  another directory beside it, so sets are never mixed. Its `manifest.json`
+  lists the settings and each file's records and bytes; a directory that no
+  longer matches its manifest is an error naming it, never rewritten in place
+  (others may be reading it).
 * Atomic: a set is written into a temporary directory of its own beside the
   final one and renamed into place, so a reader sees a whole set or none. Two
   coordinators that generate at once each write their own copy; the first
@@ -17,9 +18,16 @@ directory, and every run with the same settings reads the same files:
   generator that was killed (on this host, its process gone) is removed by
   the next one. This holds where a directory rename is atomic (a POSIX file
   system); on an object store (gs://), generate the set before the job starts.
-* Records: `cat_<f>` (int64), `dense` (floats), `label` (int64, 0 or 1), in
-  the order of the example index, `records_per_file` to a file (the last may
-  be shorter): file i holds examples [i * R, (i + 1) * R).
+* Records: each `tf.train.Example` is a block of k consecutive examples
+  (`examples_per_record`) as three flat lists: `cat` (int64, k x features:
+  every categorical id of example 0, then of example 1, ...), `dense` (float,
+  k x num_dense) and `label` (int64, k, 0 or 1). Blocks, as pre-batched
+  TFRecord inputs do, because the reader pays per record and the parser per
+  key and record: read as one example per record with a key per feature, the
+  default batch costs about twice the CPU (docs/benchmarks.md, "Positioned
+  input"). Any TF pipeline reads them with `parse_example` and a reshape.
+  Blocks in example order, `records_per_file` to a file (the last may be
+  shorter): file i holds examples [i * R * k, (i + 1) * R * k).
 * Fast: NumPy builds the records a file at a time (`example_records`), a
   thread per core: 3.4-5.1 s for the default 2**20 examples (175 MB) on 2
   idle cores, longer when they are busy (19 s at load 5).
@@ -29,8 +37,11 @@ contiguous run of whole batches in the global order (batches
 [s * T // S, (s + 1) * T // S) of T), read from only the files it spans:
 the records before its first are skipped within its first file, as raw
 records (before parsing or batching), so positioning a shard costs at most
-one file's framing, never a scan of the data before it. Its cardinality is
-asserted, so the coordinator reads each shard's length without counting.
+one file's framing, never a scan of the data before it. A batch of B is B / k
+whole records, parsed as one; a batch size that k does not divide still
+works, at a higher cost (blocks parsed, split into examples and rebatched).
+Its cardinality is asserted, so the coordinator reads each shard's length
+without counting.
 """
 
 import concurrent.futures
@@ -50,13 +61,14 @@ import tensorflow as tf
 from tfps.coordinator import example_records
 from tfps.base import errors
 
-_FORMAT = 1  # Bump when the bytes written for the same settings change.
+_FORMAT = 2  # Bump when the bytes written for the same settings change.
 _MANIFEST = "manifest.json"
 _OWNER = "owner.json"  # Who wrote the set (in a temporary directory: who is writing it).
 _TEMP_PREFIX = ".tmp-"
 
 # The synthetic examples [start, end): (features, labels [n, 1]) as tensors,
-# features `cat_<f>` [n] int64 and `dense` [n, num_dense] float32.
+# features `cat_<f>` [n] int64 and `dense` [n, num_dense] float32; the
+# model's inputs, also what reading the files gives (the ids split per feature).
 ExamplesFn = Callable[[tf.Tensor], tuple[Mapping[str, tf.Tensor], tf.Tensor]]
 
 
@@ -68,16 +80,21 @@ class DataSettings:
   vocab_sizes: tuple[int, ...]
   num_dense: int
   num_examples: int
+  examples_per_record: int  # k: divides num_examples, so every record is a whole block.
   records_per_file: int
 
   def __post_init__(self):
     object.__setattr__(self, "vocab_sizes", tuple(self.vocab_sizes))
-    for field in ("num_dense", "num_examples", "records_per_file"):
+    for field in ("num_dense", "num_examples", "examples_per_record", "records_per_file"):
       value = getattr(self, field)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise errors.UsageError(f"ctr data {field} ({value!r}) must be a positive integer")
     if isinstance(self.seed, bool) or not isinstance(self.seed, int):
       raise errors.UsageError(f"ctr data seed ({self.seed!r}) must be an integer")
+    if self.num_examples % self.examples_per_record:
+      raise errors.UsageError(
+          f"ctr data examples_per_record ({self.examples_per_record}) must divide "
+          f"num_examples ({self.num_examples})")
 
   def as_dict(self) -> dict:
     return {"format": _FORMAT, **dataclasses.asdict(self),
@@ -89,13 +106,17 @@ class DataSettings:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
   @property
+  def num_records(self) -> int:
+    return self.num_examples // self.examples_per_record
+
+  @property
   def num_files(self) -> int:
-    return -(-self.num_examples // self.records_per_file)
+    return -(-self.num_records // self.records_per_file)
 
   def file_records(self, index: int) -> tuple[int, int]:
-    """Examples [start, end) of file `index`."""
+    """Records [start, end) of file `index`."""
     start = index * self.records_per_file
-    return start, min(start + self.records_per_file, self.num_examples)
+    return start, min(start + self.records_per_file, self.num_records)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,15 +139,19 @@ class TrainFiles:
     paths = list(self.paths)
     total_batches = -(-settings.num_examples // batch_size)
     per_file = settings.records_per_file
-    spec = {f"cat_{f}": tf.io.FixedLenFeature([], tf.int64)
-            for f in range(len(settings.vocab_sizes))}
-    spec["dense"] = tf.io.FixedLenFeature([settings.num_dense], tf.float32)
-    spec["label"] = tf.io.FixedLenFeature([], tf.int64)
+    k = settings.examples_per_record
+    num_features, num_dense = len(settings.vocab_sizes), settings.num_dense
+    spec = {"cat": tf.io.FixedLenFeature([k * num_features], tf.int64),
+            "dense": tf.io.FixedLenFeature([k * num_dense], tf.float32),
+            "label": tf.io.FixedLenFeature([k], tf.int64)}
 
     def parse(serialized):
-      features = tf.io.parse_example(serialized, spec)
-      label = features.pop("label")
-      return features, tf.cast(label, tf.float32)[:, tf.newaxis]
+      """Records [n] -> the model's features and labels of their n * k examples."""
+      blocks = tf.io.parse_example(serialized, spec)
+      ids = tf.reshape(blocks["cat"], [-1, num_features])
+      features = {f"cat_{f}": ids[:, f] for f in range(num_features)}
+      features["dense"] = tf.reshape(blocks["dense"], [-1, num_dense])
+      return features, tf.cast(tf.reshape(blocks["label"], [-1, 1]), tf.float32)
 
     def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
       shards = input_context.num_input_pipelines
@@ -135,18 +160,28 @@ class TrainFiles:
       end_batch = (shard + 1) * total_batches // shards
       first = first_batch * batch_size
       end = tf.minimum(end_batch * batch_size, settings.num_examples)
-      first_file = first // per_file
-      end_file = (end + per_file - 1) // per_file
+      first_record, end_record = first // k, (end + k - 1) // k
+      first_file = first_record // per_file
+      end_file = (end_record + per_file - 1) // per_file
       files = tf.constant(paths)[first_file:end_file]
       # Skipping raw records reads only their headers; the shard then ends on
       # a batch boundary (or at the end of the data), so its end is counted
       # in batches, not per record.
-      records = tf.data.TFRecordDataset(files).skip(first - first_file * per_file)
-      return (records.batch(batch_size)
-              .take(end_batch - first_batch)
-              .map(parse)
+      records = tf.data.TFRecordDataset(files).skip(first_record - first_file * per_file)
+      if batch_size % k == 0:  # Whole blocks per batch: parsed as read.
+        batches = records.batch(batch_size // k).map(parse)
+      else:  # Batches cut blocks: parsed per file's worth, then split and rebatched.
+        batches = (records.batch(per_file).map(parse).unbatch()
+                   .skip(first - first_record * k).batch(batch_size))
+      # A positioned input builds a new iterator for every closure's chunk, and
+      # tf.data's default graph rewrites were about half of that (33 -> 15 ms
+      # CPU here) while finding nothing to fuse in a batch followed by one map.
+      options = tf.data.Options()
+      options.experimental_optimization.apply_default_optimizations = False
+      return (batches.take(end_batch - first_batch)
               .apply(tf.data.experimental.assert_cardinality(end_batch - first_batch))
-              .prefetch(2))
+              .prefetch(2)
+              .with_options(options))
 
     return dataset_fn
 
@@ -204,10 +239,14 @@ def _write_files(directory: str, settings: DataSettings,
 
   def write(index: int) -> tuple[str, int, int]:
     start, end = settings.file_records(index)
-    features, labels = examples_fn(tf.range(start, end, dtype=tf.int64))
-    ints = {f"cat_{f}": features[f"cat_{f}"].numpy() for f in range(len(settings.vocab_sizes))}
-    ints["label"] = labels.numpy().reshape(-1).astype(np.int64)
-    data, offsets = example_records.encode(ints, {"dense": features["dense"].numpy()})
+    k = settings.examples_per_record
+    features, labels = examples_fn(tf.range(start * k, end * k, dtype=tf.int64))
+    ids = np.stack([features[f"cat_{f}"].numpy() for f in range(len(settings.vocab_sizes))],
+                   axis=1)  # [examples, features]: a block's ids are its rows, in order.
+    ints = {"cat": ids.reshape(end - start, -1),
+            "label": labels.numpy().reshape(end - start, k).astype(np.int64)}
+    dense = features["dense"].numpy().reshape(end - start, -1)
+    data, offsets = example_records.encode(ints, {"dense": dense})
     name = _file_name(settings, index)
     with tf.io.TFRecordWriter(os.path.join(directory, name)) as writer:
       for begin, stop in zip(offsets[:-1], offsets[1:]):

@@ -70,7 +70,8 @@ def encode(int64_features: Mapping[str, np.ndarray],
   """Serialized `tf.train.Example`s, one per row, and where each starts and ends.
 
   Args:
-    int64_features: name -> [rows] non-negative integers (one value each).
+    int64_features: name -> [rows] or [rows, width] non-negative integers (one
+      value each, or a fixed-length list each).
     float_features: name -> [rows, width] float32 (a fixed-length list each).
 
   Returns:
@@ -83,9 +84,11 @@ def encode(int64_features: Mapping[str, np.ndarray],
   entries = []
   for name, values in int64_features.items():
     values = np.asarray(values)
-    if values.ndim != 1 or (rows and values.min() < 0):
-      raise ValueError(f"int64 feature {name!r}: expected [rows] non-negative integers")
-    entries.append((name, _field(_FEATURE_INT64_LIST, _field(_LIST_VALUES, _varint(values)))))
+    if values.ndim not in (1, 2) or (values.size and values.min() < 0):
+      raise ValueError(
+          f"int64 feature {name!r}: expected [rows] or [rows, width] non-negative integers")
+    packed = _join(*(_varint(column) for column in (values.T if values.ndim == 2 else [values])))
+    entries.append((name, _field(_FEATURE_INT64_LIST, _field(_LIST_VALUES, packed))))
   for name, values in float_features.items():
     values = np.ascontiguousarray(values, dtype="<f4")
     if values.ndim != 2:
