@@ -510,12 +510,17 @@ def test_local_with_unwritable_model_dir_fails_before_starting(tmp_path):
     ("local", "--train_epochs=2 --train_steps=100",
      "train_epochs (2) and train_steps (100): give one of the two"),
     ("local", "--input_shards=0", "input_shards (0) must be a positive integer"),
+    ("local", "--experiment_params=colour=blue",
+     "ctr: unknown setting(s) colour (known: data_dir, embedding_dim, eval_examples, "
+     "examples_per_record, hidden, learning_rate, num_dense, records_per_file, "
+     "train_examples, vocab_sizes)"),
     ("local", "--experiment=nosuch.module:factory",
      "experiment 'nosuch.module:factory': cannot import module 'nosuch.module' "
      "(ModuleNotFoundError: No module named 'nosuch')"),
 ], ids=["local_train_steps", "local_experiment_params", "local_unknown_experiment",
         "chaos_steps_per_loop", "local_worker_timeout", "local_max_restarts",
-        "local_epochs_and_steps", "local_input_shards", "local_missing_module"])
+        "local_epochs_and_steps", "local_input_shards", "local_ctr_setting",
+        "local_missing_module"])
 def test_local_bad_chief_flag_fails_before_starting_anything(tmp_path, command, flag, message):
   model_dir = str(tmp_path / "model")
   run = _local([f"--model_dir={model_dir}", *flag.split(), "--num_ps=1", "--num_workers=1"],

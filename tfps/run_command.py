@@ -284,7 +284,7 @@ def chief_config(flags, cluster: spec_lib.ClusterSpec, model_dir: str) -> api.Ch
   TensorFlow-free, so `tfps local` checks the flags it forwards to its chief
   before it starts any process.
   """
-  api.check_experiment_findable(flags.experiment)
+  api.check_experiment_findable(flags.experiment, parse_params(flags.experiment_params))
   if flags.train_epochs is not None and flags["train_steps"].present:
     raise errors.UsageError(
         f"train_epochs ({flags.train_epochs}) and train_steps ({flags.train_steps}): "

@@ -46,11 +46,23 @@ def experiment_target(name: str) -> tuple[str, str]:
   return module, attribute
 
 
-def check_experiment_findable(name: str) -> None:
+# Built-in experiments whose settings can be checked without TensorFlow:
+# name -> function of the `key=value` settings that raises UsageError.
+def _ctr_settings(params: Mapping[str, str]) -> None:
+  from tfps.coordinator import ctr_config  # pylint: disable=import-outside-toplevel
+  ctr_config.CtrConfig.from_params(params)
+
+
+BUILTIN_SETTINGS_CHECKS = types.MappingProxyType({"ctr": _ctr_settings})
+
+
+def check_experiment_findable(name: str, params: Mapping[str, str] = types.MappingProxyType({})
+                              ) -> None:
   """UsageError if the experiment's module is not on the Python path.
 
   Found without importing it (importlib's finder): the command line checks
-  this before it starts any task or imports TensorFlow. Whether the module
+  this before it starts any task or imports TensorFlow. A built-in
+  experiment's `params` are checked too (`BUILTIN_SETTINGS_CHECKS`). Whether the module
   imports cleanly, has the factory and returns an `Experiment` is known only
   when the coordinator loads it (a UsageError then too, never retried).
   """
@@ -63,6 +75,8 @@ def check_experiment_findable(name: str) -> None:
     reason = "not found on the Python path; is PYTHONPATH set?"
   if found is None:
     raise errors.UsageError(f"experiment {name!r}: cannot import module {module!r} ({reason})")
+  if name in BUILTIN_SETTINGS_CHECKS:
+    BUILTIN_SETTINGS_CHECKS[name](params)
 
 
 class Mode(str, enum.Enum):
