@@ -167,6 +167,18 @@ def test_the_progress_line_shows_the_trainers_own_outputs(caplog):
   assert "n/a" not in caplog.text.replace("ETA n/a", "")
 
 
+def test_outputs_in_tensorflows_tracked_dict_are_shown_and_checked(caplog):
+  # PSTrainer's outputs come back in TF's tracking wrapper, which is no Mapping.
+  holder = tf.Module()
+  holder.outputs = {"loss": math.nan}
+  step, clock = _FakeStep(), _Clock()
+  trainer = _FakeTrainer(step, clock, 0.0)
+  trainer.train = lambda num_steps: (setattr(step, "value", step.value + 5), holder.outputs)[1]
+  measured = progress.MeasuredTrainer(trainer, step, target=100, batch_size=10, clock=clock)
+  with pytest.raises(errors.NonFiniteLossError, match="loss is nan at step 5"):
+    measured.train(5)
+
+
 @pytest.mark.parametrize("key", ["loss", "training_loss", "total_loss"])
 @pytest.mark.parametrize("loss", [math.nan, math.inf])
 def test_non_finite_loss_is_permanent_whatever_its_name(loss, key):

@@ -71,11 +71,11 @@ _MAX_SHOWN = 6
 
 def _scalars(output: Any) -> dict[str, float]:
   """The scalar numbers among a loop's outputs (a dict, maybe nested one level)."""
-  if not isinstance(output, Mapping):
+  if not isinstance(output, (dict, Mapping)):  # dict: also TF's tracked dict wrapper.
     return {}
   found = {}
   for key, value in output.items():
-    if isinstance(value, Mapping):  # e.g. {"metrics": {...}}: one level down.
+    if isinstance(value, (dict, Mapping)):  # e.g. {"metrics": {...}}: one level down.
       found.update({f"{key}/{k}": v for k, v in _scalars(value).items()})
     elif (number := _scalar(value)) is not None:
       found[str(key)] = number
