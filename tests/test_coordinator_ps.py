@@ -450,26 +450,32 @@ def _step_transfers(runtime, train_step, features, labels) -> dict[str, list[str
       metadata = context.context().export_run_metadata()
     finally:
       context.context().disable_run_metadata()
-  # The step itself (other functions may run too: variable reads, datasets),
-  # the largest one that spans devices: functions this process instantiated
-  # earlier (e.g. the one that wrote ctr's training files) can be reported
-  # here too, on one device.
-  function = max((f for f in metadata.function_graphs if len(f.partition_graphs) > 1),
-                 key=lambda f: len(f.pre_optimization_graph.node))
+  # The step itself (other functions may run too: variable reads, datasets,
+  # or, reported here too, functions this process instantiated earlier, such
+  # as the one that wrote ctr's training files): the largest one that moves
+  # tensors to or from a ps.
+  candidates = [_ps_transfers(f) for f in sorted(
+      metadata.function_graphs, key=lambda f: -len(f.pre_optimization_graph.node))
+      if len(f.partition_graphs) > 1]
+  transfers = next((t for t in candidates if t), {})
+  return transfers
+
+
+def _ps_transfers(function) -> dict[str, list[str]]:
+  """Per ps, the tensors a function's partitions send to or receive from it."""
   transfers = {}
-  if True:
-    for partition in function.partition_graphs:
-      nodes = {node.name: node for node in partition.node}
-      for node in partition.node:
-        if node.op != "_Send":
-          continue
-        source = nodes[node.input[0].split(":")[0]]
-        if source.op == "Const" and any(i.startswith("^") for i in source.input):
-          continue  # A control signal: TensorFlow sends a dummy constant.
-        ends = (node.attr["send_device"].s.decode(), node.attr["recv_device"].s.decode())
-        ps = next((d.split("/device")[0] for d in ends if "/job:ps/" in d), None)
-        if ps is not None:
-          transfers.setdefault(ps, []).append(node.attr["tensor_name"].s.decode())
+  for partition in function.partition_graphs:
+    nodes = {node.name: node for node in partition.node}
+    for node in partition.node:
+      if node.op != "_Send":
+        continue
+      source = nodes[node.input[0].split(":")[0]]
+      if source.op == "Const" and any(i.startswith("^") for i in source.input):
+        continue  # A control signal: TensorFlow sends a dummy constant.
+      ends = (node.attr["send_device"].s.decode(), node.attr["recv_device"].s.decode())
+      ps = next((d.split("/device")[0] for d in ends if "/job:ps/" in d), None)
+      if ps is not None:
+        transfers.setdefault(ps, []).append(node.attr["tensor_name"].s.decode())
   return transfers
 
 
