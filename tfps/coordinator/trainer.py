@@ -16,7 +16,7 @@ and ps devices exchanges control messages with every ps it touches in every
 iteration, and TensorFlow's executor runs a graph with a loop on a slower
 path than one without. With the default `unroll` (50, the default steps per
 closure) such a closure has no loop at all (measured: `tfps bench`,
-docs/benchmarks.md). Closures of other sizes run one step per loop
+docs/history/2026-11-23-benchmarks.md). Closures of other sizes run one step per loop
 iteration, all with one function: two traces per run, whatever the sizes.
 
     trainer = PSTrainer(MyTrainer(...), runtime, steps_per_closure=50)
@@ -65,11 +65,10 @@ from tfps.base import errors
 
 
 # As many as the default steps per closure: a closure of up to 50 steps has
-# no while loop at all. Measured side by side on the ctr benchmark
-# (docs/benchmarks.md): 6.2-6.5 ms of CPU per step against 7.0 with a loop
-# of 10 steps per iteration, and 7.5 with the earlier loop whose remainder
-# ran one step per iteration. The price is tracing: the first closure takes
-# ~4 s longer to build (on every coordinator start).
+# no while loop at all, which costs less CPU per step than any loop measured
+# side by side on the ctr benchmark (docs/history/2026-11-23-benchmarks.md).
+# The price is tracing: the first closure takes seconds longer to build, on
+# every coordinator start.
 DEFAULT_UNROLL = 50
 
 
