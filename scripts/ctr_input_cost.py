@@ -7,8 +7,11 @@ DIR (default: a temp dir, removed at the end) and times it, then reads them
 as a closure does (`PositionedInput.chunk` inside a `tf.function`, in this
 process: no cluster): the time to build a chunk and read its first batch,
 for a chunk that starts its shard and for ones that start inside it (a
-`skip` of whole batches), and the rate of reading a whole shard. Prints one
-JSON line. Run it on an otherwise idle machine.
+`skip` of whole batches), and the rate of reading a whole shard. Then the
+coordinator's own cost per closure with positioned input: the ledger's `take`
+and the two scalar `tf.constant`s that carry the chunk (`PSTrainer`), for the
+ledger of these files and for one of the most shards made by default (256).
+Prints one JSON line. Run it on an otherwise idle machine.
 """
 
 import json
@@ -18,6 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
+import timeit
 
 from absl import app
 from absl import flags
@@ -25,6 +29,7 @@ from absl import logging
 import tensorflow as tf
 
 from tfps.coordinator import ctr
+from tfps.coordinator import ledger as ledger_lib
 from tfps.coordinator import positioned
 
 flags.DEFINE_string("data_dir", "", "Where to write the files (default: a temp dir, removed).")
@@ -42,6 +47,22 @@ def _median_seconds(fn, repeats: int) -> float:
     fn()
     times.append(time.perf_counter() - start)
   return statistics.median(times)
+
+
+def _ledger_micros(num_shards: int, steps_per_closure: int) -> dict:
+  """µs per closure on the coordinator: `take` alone, and with the chunk's two constants."""
+  ledger = ledger_lib.InputLedger([steps_per_closure] * num_shards)
+
+  def closure():
+    chunk = ledger.take(steps_per_closure)
+    return tf.constant(chunk.shard, tf.int64), tf.constant(chunk.start, tf.int64)
+
+  closure()
+  calls = 20000
+  take = min(timeit.repeat(lambda: ledger.take(steps_per_closure), number=calls, repeat=5))
+  both = min(timeit.repeat(closure, number=calls, repeat=5))
+  return {"take_us": round(1e6 * take / calls, 1),
+          "take_and_constants_us": round(1e6 * both / calls, 1)}
 
 
 def main(argv):
@@ -88,6 +109,8 @@ def main(argv):
         "ms_per_skipped_batch": round(1e3 * per_skipped, 3),
         "shard_read_ms": round(1e3 * read, 1),
         "examples_per_sec": round(length * FLAGS.batch_size / read),
+        "ledger_per_closure": {
+            str(n): _ledger_micros(n, FLAGS.steps_per_closure) for n in (shards, 256)},
         "cores": os.cpu_count(), "load_average": os.getloadavg()[0]}))
   finally:
     shutil.rmtree(data_dir if FLAGS.data_dir else root, ignore_errors=True)

@@ -174,7 +174,7 @@ class TrainFiles:
         batches = (records.batch(per_file).map(parse).unbatch()
                    .skip(first - first_record * k).batch(batch_size))
       # A positioned input builds a new iterator for every closure's chunk, and
-      # tf.data's default graph rewrites were about half of that (33 -> 15 ms
+      # tf.data's default graph rewrites were about half of that (34 -> 16 ms
       # CPU here) while finding nothing to fuse in a batch followed by one map.
       options = tf.data.Options()
       options.experimental_optimization.apply_default_optimizations = False
