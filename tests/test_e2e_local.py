@@ -88,6 +88,20 @@ def _pids_mentioning(text: str) -> set[int]:
           if p.isdigit() and int(p) != os.getpid() and text in _cmdline(p) and _alive(int(p))}
 
 
+def _parent(pid: str) -> int | None:
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return int(f.read().rpartition(")")[2].split()[1])
+  except (OSError, ValueError, IndexError):
+    return None
+
+
+def _children_of(parents: set[int]) -> set[int]:
+  """Live processes whose parent is one of `parents`."""
+  return {int(p) for p in os.listdir("/proc")
+          if p.isdigit() and _parent(p) in parents and _alive(int(p))}
+
+
 def _netns(pid: int | str) -> int | None:
   try:
     return os.stat(f"/proc/{pid}/ns/net").st_ino
@@ -153,7 +167,11 @@ class LocalRun:
 
 
 def _run_local(model_dir: str, flags, *, timeout: float = RUN_TIMEOUT) -> LocalRun:
-  """Runs `tfps local` to the end, noting every process that names `model_dir`."""
+  """Runs `tfps local` to the end, noting every process that names `model_dir`.
+
+  And their children: a coordinator names only its run spec file (in the
+  chief's scratch directory).
+  """
   env = dict(os.environ)
   env.pop("TF_CONFIG", None)
   os.makedirs(model_dir, exist_ok=True)
@@ -172,9 +190,10 @@ def _run_local(model_dir: str, flags, *, timeout: float = RUN_TIMEOUT) -> LocalR
         raise TimeoutError(f"tfps local still running after {timeout}s; see {err_path}")
       # Every scan reads them again: a child caught between fork and exec
       # still shows its parent's command line and environment.
-      for pid in _pids_mentioning(model_dir):
+      named = _pids_mentioning(model_dir)
+      for pid in named | _children_of(named | set(pids)):
         cmdline = _cmdline(str(pid))
-        if model_dir in cmdline:  # Not gone in between.
+        if cmdline:  # Not gone in between.
           pids[pid] = cmdline + (" [standby]" if _is_standby(pid) else "")
         namespaces.add(_netns(pid))
       listening |= _listening_ports_anywhere(others)
@@ -248,7 +267,8 @@ def test_local_reports_progress_on_stderr(first_run):
 
 def _check_nothing_left(run: LocalRun, model_dir: str) -> None:
   assert run.pids, "saw no process of the run (the /proc scan found nothing)"
-  left = {pid for pid in run.pids if _alive(pid) and model_dir in _cmdline(str(pid))}
+  left = {pid for pid in run.pids
+          if _alive(pid) and _cmdline(str(pid)) and run.pids[pid].startswith(_cmdline(str(pid)))}
   assert not left, {pid: _cmdline(str(pid)) for pid in left}
   assert not _pids_mentioning(model_dir)
   # The private network: no process is left in it (so the kernel frees it)...
@@ -263,9 +283,12 @@ def test_local_leaves_no_process_and_no_socket(first_run, model_dir):
   assert first_run.code == 0, first_run.stderr[-3000:]
   # The scan saw every task, the chief's supervisor and its coordinator live
   # (and the coordinator's warm standby, if it caught one).
-  roles = sorted(re.search(r"--job_name=(\w+)", c)[1] + (
-      "+coordinator" if "--nosupervise" in c else "") + (" standby" if "[standby]" in c else "")
-      for c in first_run.pids.values() if " run " in c and "--job_name=" in c)
+  # A coordinator is `tfps run --nosupervise` (its role in TF_CONFIG).
+  roles = sorted(
+      ("chief+coordinator" if "--nosupervise" in c else re.search(r"--job_name=(\w+)", c)[1])
+      + (" standby" if "[standby]" in c else "")
+      for c in first_run.pids.values()
+      if " run " in c and ("--job_name=" in c or "--nosupervise" in c))
   assert roles.count("chief+coordinator standby") <= 1, first_run.pids
   assert [r for r in roles if r != "chief+coordinator standby"] == [
       "chief", "chief+coordinator", "ps", "worker", "worker"], first_run.pids
@@ -426,20 +449,16 @@ def _check_given_up_at_once(run: Finished, model_dir: str, failure: str) -> None
 
 
 @pytest.mark.parametrize("flags, code, message", [
-    (["--experiment=no_such_experiment"], 2,
-     "experiment 'no_such_experiment' is unknown (built-in: ctr;"),
     (["--experiment=e2e_factories:raises"], 1,
      "experiment factory 'e2e_factories:raises' raised RuntimeError: "
      "the factory failed on purpose"),
     (["--experiment=e2e_factories:wrong_type"], 2,
      "experiment factory 'e2e_factories:wrong_type' returned dict, "
      "expected tfps.Experiment"),
-    (["--train_steps=-1"], 2, "train_steps (-1) must be a positive integer"),
     (["--experiment=e2e_factories:generator_input", "--mode=train"], 2,
      "Trainer.train_dataset: this dataset cannot run on the workers (it uses Python state "
      "such as from_generator or py_function); build it from files or tensors"),
-], ids=["unknown_experiment", "factory_raises", "factory_wrong_type", "negative_train_steps",
-        "generator_input"])
+], ids=["factory_raises", "factory_wrong_type", "generator_input"])
 def test_chief_bad_input_is_one_line_and_permanent(cluster, factories_dir, tmp_path,
                                                    flags, code, message):
   model_dir = str(tmp_path / "model")
@@ -447,6 +466,23 @@ def test_chief_bad_input_is_one_line_and_permanent(cluster, factories_dir, tmp_p
   assert run.code == code, run.stderr[-3000:]
   assert message in _error_line(run)
   _check_given_up_at_once(run, model_dir, "bad_config" if code == 2 else "user_error")
+
+
+# Settings the chief's supervisor refuses itself (the run spec), before it
+# starts any coordinator.
+@pytest.mark.parametrize("flags, message", [
+    (["--experiment=no_such_experiment"],
+     "experiment 'no_such_experiment' is unknown (built-in: ctr;"),
+    (["--train_steps=-1"], "train_steps (-1) must be a positive integer"),
+], ids=["unknown_experiment", "negative_train_steps"])
+def test_chief_bad_settings_fail_before_a_coordinator_starts(cluster, factories_dir, tmp_path,
+                                                            flags, message):
+  model_dir = str(tmp_path / "model")
+  run = _run_chief(cluster, [f"--model_dir={model_dir}", *flags], pythonpath=factories_dir)
+  assert run.code == 2, run.stderr[-3000:]
+  assert message in _error_line(run)
+  assert "starting coordinator" not in run.stderr
+  assert not os.path.exists(os.path.join(model_dir, "events.jsonl"))
 
 
 def test_checkpoint_of_an_incompatible_model_is_permanent(cluster, factories_dir, tmp_path):
@@ -473,9 +509,12 @@ def _checkpoint_files(model_dir: str) -> dict[str, int]:
           for name in os.listdir(model_dir) if name.startswith(("ckpt-", "checkpoint"))}
 
 
-def _local(args, *, command: str = "local", timeout: float = RUN_TIMEOUT) -> Finished:
+def _local(args, *, command: str = "local", timeout: float = RUN_TIMEOUT,
+           pythonpath: str | None = None) -> Finished:
   env = dict(os.environ)
   env.pop("TF_CONFIG", None)
+  if pythonpath:
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH")) if p)
   start = time.monotonic()
   try:
     done = subprocess.run(TFPS + [command, *args], env=env, capture_output=True, text=True,
@@ -525,9 +564,40 @@ def test_local_bad_chief_flag_fails_before_starting_anything(tmp_path, command, 
   model_dir = str(tmp_path / "model")
   run = _local([f"--model_dir={model_dir}", *flag.split(), "--num_ps=1", "--num_workers=1"],
                command=command, timeout=60)
+  _check_nothing_started(run, model_dir, message)
+
+
+def _check_nothing_started(run: Finished, model_dir: str, message: str) -> None:
   assert run.code == 2, run.stderr[-3000:]
   assert _error_line(run) == message
-  assert run.seconds < 20, run.seconds  # ~0.3 s idle: no cluster, no TensorFlow.
   assert "local cluster up" not in run.stderr and "starting coordinator" not in run.stderr
   assert not os.path.exists(os.path.join(model_dir, "logs"))  # No task was started.
   assert not _pids_mentioning(model_dir)
+
+
+# A user experiment that does not load: found by `tfps local` in a child
+# process that imports it, before any task starts. (One whose factory returns
+# the wrong thing needs a cluster to call it in: the coordinator's first
+# start exits 2, not retried; test_chief_bad_input_is_one_line_and_permanent.)
+_LOADING = {
+    "e2e_broken.py": "import no_such_dependency_of_tfps_tests\n",
+    "e2e_loading.py": "NOT_CALLABLE = 3\n\n\ndef factory(context):\n  return {}\n",
+}
+
+
+@pytest.mark.parametrize("experiment, message", [
+    ("e2e_broken:factory", "experiment 'e2e_broken:factory': cannot import module 'e2e_broken' "
+     "(ModuleNotFoundError: No module named 'no_such_dependency_of_tfps_tests')"),
+    ("e2e_loading:no_such_factory", "experiment 'e2e_loading:no_such_factory': module "
+     "'e2e_loading' has no attribute 'no_such_factory'"),
+    ("e2e_loading:NOT_CALLABLE",
+     "experiment 'e2e_loading:NOT_CALLABLE': 'NOT_CALLABLE' is a int, not callable"),
+], ids=["module_does_not_import", "no_such_factory", "factory_not_callable"])
+def test_local_experiment_that_does_not_load_fails_before_starting_anything(
+    tmp_path, experiment, message):
+  for name, text in _LOADING.items():
+    (tmp_path / name).write_text(text)
+  model_dir = str(tmp_path / "model")
+  run = _local([f"--model_dir={model_dir}", f"--experiment={experiment}", "--num_ps=1",
+                "--num_workers=1"], timeout=60, pythonpath=str(tmp_path))
+  _check_nothing_started(run, model_dir, message)

@@ -119,47 +119,4 @@ def test_cli_bad_input_is_one_line_exit_2(tfps):
   assert result.returncode == 2 and "image: required" in result.stderr
 
 
-# A value other than the default for every setting the chief reads: every
-# field of ChiefConfig (but the cluster and model_dir, which the manifest
-# gives) and every supervisor flag. A new setting the manifests would drop
-# fails here until it is given a value (and forwarded).
-_SUPERVISOR_FLAGS = {"max_restarts": "5", "restart_window": "333", "worker_timeout": "55",
-                     "cluster_wait_seconds": "444", "warm_standby": "false"}
-_CHIEF_VALUES = {"experiment": "pkg.mod:factory", "experiment_params": "a=1,b=2",
-                 "mode": "train", "train_steps": "777", "steps_per_loop": "33",
-                 "steps_per_closure": "11", "checkpoint_interval": "99", "max_to_keep": "7",
-                 "eval_steps": "5", "eval_interval": "88", "eval_shards": "3",
-                 "global_batch_size": "96", "seed": "4", "ready_timeout": "77",
-                 "min_shard_bytes": "1234", "ps_timeout": "66", "input_shards": "9",
-                 "train_epochs": "2"}
-
-
-def _same(got: str, want: str) -> bool:
-  """The same flag value, as absl writes it back (77 -> 77.0, false -> False)."""
-  try:
-    return float(got) == float(want)
-  except ValueError:
-    return got.lower() == want.lower()
-
-
-def _chief_args(tfps, values):
-  result = tfps(["k8s", "--job=every-flag", "--image=i", *(f"--{k}={v}" for k, v in values.items())])
-  assert result.returncode == 0, result.stderr
-  tfjob = list(yaml.safe_load_all(result.stdout))[0]
-  return tfjob["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]["containers"][0]["args"]
-
-
-def test_every_run_setting_reaches_the_chief_of_the_manifest(tfps):
-  import dataclasses  # pylint: disable=import-outside-toplevel
-  from tfps.coordinator import api  # pylint: disable=import-outside-toplevel
-  fields = {f.name for f in dataclasses.fields(api.ChiefConfig)} - {"cluster", "model_dir"}
-  assert fields == set(_CHIEF_VALUES), fields ^ set(_CHIEF_VALUES)
-  values = {**_CHIEF_VALUES, **_SUPERVISOR_FLAGS}
-  by_epochs = _chief_args(tfps, {k: v for k, v in values.items() if k != "train_steps"})
-  by_steps = _chief_args(tfps, {k: v for k, v in values.items() if k != "train_epochs"})
-  for args, left_out in ((by_epochs, "train_steps"), (by_steps, "train_epochs")):
-    given = dict(a[2:].split("=", 1) for a in args if a.startswith("--"))
-    for name, value in values.items():
-      if name != left_out:
-        assert name in given and _same(given[name], value), (name, args)
-    assert not any(a.startswith(f"--{left_out}=") for a in args), args
+# Every run setting arriving in the manifest: tests/test_run_spec.py.

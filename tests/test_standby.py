@@ -27,8 +27,10 @@ _COORDINATOR = textwrap.dedent("""
 
 
 def _coordinators(tmp_path, warm=True):
-  return standby.WarmCoordinators([sys.executable, "-c", _COORDINATOR], env=dict(os.environ),
-                                  stdout_dir=str(tmp_path), warm=warm)
+  return standby.WarmCoordinators(
+      lambda excluded: [sys.executable, "-c", _COORDINATOR,
+                        f"--exclude_workers={','.join(excluded)}"],
+      env=dict(os.environ), stdout_dir=str(tmp_path), warm=warm)
 
 
 def _said(coordinators):
@@ -115,7 +117,7 @@ _LITTERING_COORDINATOR = textwrap.dedent("""
 
 
 def test_a_killed_coordinators_temporary_files_go_at_the_next_start(tmp_path):
-  coordinators = standby.WarmCoordinators([sys.executable, "-c", _LITTERING_COORDINATOR],
+  coordinators = standby.WarmCoordinators(lambda _: [sys.executable, "-c", _LITTERING_COORDINATOR],
                                           env=dict(os.environ), stdout_dir=str(tmp_path),
                                           warm=False)
 

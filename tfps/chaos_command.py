@@ -69,16 +69,15 @@ def schedule(flags, cluster: local.LocalCluster) -> tuple[chaos.Fault, ...]:
 def run(flags) -> errors.ExitCode:
   stop = signals.StopSignals.install()
   local_command.check_hosts(flags)
-  model_dir = local_command.prepare_model_dir(flags)
+  spec = local_command.local_spec(flags)
+  model_dir = spec.model_dir
   cluster = local.LocalCluster(local_command.cluster_config(flags, model_dir))
   faults = schedule(flags, cluster)  # Bad --faults fail before anything starts.
-  local_command.check_chief_flags(flags, cluster, model_dir)  # So do bad chief flags.
+  local_command.check_spec(spec, cluster)  # So do bad run settings.
   logging.info("chaos schedule: %s", ", ".join(map(str, faults)))
   with cluster:
-    chief = cluster.add_chief(local_command.chief_flags(flags, model_dir),
-                              stdout_path=local_command.chief_stdout_path(model_dir),
-                              stderr_to_parent=True)
-    runner = orchestrator.Orchestrator(cluster, chief, stop, max_restarts=flags.max_restarts)
+    chief = local_command.add_chief(cluster, spec)
+    runner = orchestrator.Orchestrator(cluster, chief, stop, max_restarts=spec.max_restarts)
     tracker = chaos.RecoveryTracker()
     runner.start()
     pending = list(faults)

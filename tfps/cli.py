@@ -82,6 +82,11 @@ flags.DEFINE_bool("warm_standby", True,
 flags.DEFINE_list("exclude_workers", [],
                   "chief, internal: workers the supervisor left out (e.g. worker:1).")
 flags.DEFINE_float("ready_timeout", 180.0, "Seconds the chief waits for every task to answer.")
+flags.DEFINE_string("run_spec", None,
+                    "chief, internal: the run's settings from this JSON file instead of flags "
+                    "(how tfps local and the supervisor hand a run on).")
+flags.DEFINE_string("result_file", None,
+                    "chief, internal: write the run's result record to this JSON file.")
 
 _section("cluster")
 
@@ -167,7 +172,7 @@ _section("k8s")
 # The flags each command reads; `tfps CMD --help` lists these only.
 _HOST_ONLY = {"cluster_spec", "job_name", "task_index", "ps_hosts", "worker_hosts",
               "chief_host", "inter_op_threads", "intra_op_threads", "thread_spinning",
-              "preemption_notice", "supervise", "exclude_workers"}
+              "preemption_notice", "supervise", "exclude_workers", "run_spec", "result_file"}
 _CHIEF = [f for f in _sections["cluster"] if f not in _HOST_ONLY] + _sections["training"]
 COMMAND_FLAGS = {
     "run": _sections["cluster"] + _sections["training"],

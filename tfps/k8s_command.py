@@ -6,21 +6,20 @@ import yaml
 
 from tfps.cluster import k8s
 from tfps.base import errors
-from tfps import local_command
+from tfps import run_spec
+
+# Settings the manifest renders itself (the model volume, the pods' grace).
+_MANIFEST_OWN = frozenset({"model_dir", "grace_seconds"})
 
 
 def run(flags) -> errors.ExitCode:
-  model_dir = flags.model_dir or f"/model/{flags.job}"
-  # The chief's flags exactly as `tfps local` hands them to its chief: one
-  # list, so no setting can be left out here (model_dir and grace_seconds
-  # are the manifest's own).
-  extra = tuple(f for f in local_command.chief_flags(flags, model_dir)
-                if not f.startswith(("--model_dir=", "--grace_seconds=")))
+  spec = run_spec.from_flags(flags)
   config = k8s.JobManifestConfig(
       name=flags.job, image=flags.image or "", num_ps=flags.num_ps,
       num_workers=flags.num_workers,
-      model_dir=model_dir,
-      volume_claim=flags.volume_claim or None, grace_seconds=flags.grace_seconds,
-      extra_flags=extra)
+      model_dir=spec.model_dir or f"/model/{flags.job}",
+      volume_claim=flags.volume_claim or None, grace_seconds=spec.grace_seconds,
+      # Every setting of the run, from its spec's fields: none can be left out.
+      extra_flags=tuple(spec.to_flags(leave_out=_MANIFEST_OWN)))
   yaml.safe_dump_all(k8s.render(config), sys.stdout, sort_keys=False)
   return errors.ExitCode.OK

@@ -1,16 +1,26 @@
 """`tfps local`: a whole cluster on this machine, run to completion.
 
 Starts ps and worker processes (a LocalCluster in a private network), then
-the chief as one more `tfps run` process, and restarts what dies as an
-orchestrator would (see `orchestrator`). At the end it prints the chief's JSON result line on stdout, with
-`restarts` counting the chief restarts done here, and tears everything down.
+the chief as one more `tfps run` process, handed the run spec as a file
+(`--run_spec`, parsed once here from the flags), and restarts what dies as an
+orchestrator would (see `orchestrator`). At the end it prints the chief's
+result record (`--result_file`) as one JSON line on stdout, with `restarts`
+counting the chief restarts done here too, and tears everything down.
+
+Everything that can be checked before a task starts is checked first: the
+flags (the run spec), the cluster and, for a user experiment, that its
+module imports and has its factory (`tfps.experiment_check`, in a child
+process). Whether the factory returns an `Experiment` needs a running
+cluster: the chief's first coordinator exits 2 then, and is not restarted.
 
 SIGTERM/SIGINT to `tfps local` are passed to the chief (which saves), then
 everything stops and the exit code is 143/130.
 """
 
+import dataclasses
 import json
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -18,39 +28,20 @@ from absl import logging
 
 from tfps.cluster import hosts
 from tfps.cluster import local
+from tfps.coordinator import api
 from tfps.base import errors
 from tfps.base import signals
 from tfps import orchestrator
 from tfps import run_command
+from tfps import run_result
+from tfps import run_spec
 
 _POLL_SECONDS = 0.5
 
-# Flags forwarded unchanged from `tfps local` to the chief's `tfps run`.
-CHIEF_FLAGS = ("experiment", "train_steps", "steps_per_loop", "steps_per_closure",
-               "checkpoint_interval", "max_to_keep", "mode", "eval_steps",
-               "global_batch_size", "seed", "ready_timeout", "max_restarts", "restart_window",
-               "cluster_wait_seconds", "grace_seconds", "worker_timeout", "ps_timeout",
-               "eval_interval",
-               "eval_shards", "min_shard_bytes", "warm_standby", "train_epochs",
-               "input_shards")
 
-
-def chief_flags(flags, model_dir: str) -> list[str]:
-  out = [f"--model_dir={model_dir}"]
-  if flags.experiment_params:
-    out.append(f"--experiment_params={','.join(flags.experiment_params)}")
-  for name in CHIEF_FLAGS:
-    value = getattr(flags, name)
-    if name == "train_steps" and flags.train_epochs is not None:
-      continue  # Epochs decide; the chief refuses both.
-    if value is not None:
-      out.append(f"--{name}={value}")
-  return out
-
-
-def prepare_model_dir(flags) -> str:
+def prepare_model_dir(model_dir: str | None) -> str:
   """`--model_dir`, or a new temp dir; created now so a bad path fails first."""
-  model_dir = flags.model_dir or tempfile.mkdtemp(prefix="tfps-local-model-")
+  model_dir = model_dir or tempfile.mkdtemp(prefix="tfps-local-model-")
   try:
     os.makedirs(model_dir, exist_ok=True)
   except OSError as e:
@@ -59,20 +50,45 @@ def prepare_model_dir(flags) -> str:
   return model_dir
 
 
+def local_spec(flags) -> run_spec.RunSpec:
+  """The run spec from the flags, its model_dir made (a temp dir if not given)."""
+  spec = run_spec.from_flags(flags)
+  return dataclasses.replace(spec, model_dir=prepare_model_dir(spec.model_dir))
+
+
 def check_hosts(flags) -> None:
   """`--hosts=netns` where namespaces cannot be made: one line, before anything is made."""
   if flags.hosts == "netns" and (reason := hosts.unavailable()) is not None:
     raise errors.UsageError(f"--hosts=netns: {reason}")
 
 
-def check_chief_flags(flags, cluster: local.LocalCluster, model_dir: str) -> None:
-  """Bad chief flags: the chief's own one-line UsageError, before anything starts.
+def check_spec(spec: run_spec.RunSpec, cluster: local.LocalCluster) -> None:
+  """Whatever can be found wrong before any task starts: one line, exit 2.
 
-  The chief would find them only once the cluster is up and it has imported
-  TensorFlow (seconds on a busy machine); the validation needs neither.
+  The chief would find the same only once the cluster is up and it has
+  imported TensorFlow, seconds to minutes later.
   """
-  run_command.chief_config(flags, cluster.spec.for_coordinator(), model_dir)
-  run_command.supervision(flags)
+  spec.chief_config(cluster.spec.for_coordinator())
+  run_command.supervision(spec)
+  api.check_experiment_findable(spec.experiment, spec.experiment_params)
+  check_experiment_loads(spec.experiment)
+
+
+def check_experiment_loads(experiment: str) -> None:
+  """A user experiment's module imports and has its factory (a built-in one does)."""
+  if experiment in api.BUILTIN_EXPERIMENTS:
+    return
+  logging.info("checking that experiment %s loads", experiment)
+  # Its stderr is the import's chatter (TensorFlow's start-up lines): kept
+  # only to explain a check that died without its one line.
+  done = subprocess.run([sys.executable, "-m", "tfps.experiment_check", experiment],
+                        capture_output=True, stdin=subprocess.DEVNULL, text=True, check=False)
+  if done.returncode == errors.ExitCode.USAGE and done.stdout.strip():
+    raise errors.UsageError(done.stdout.strip().splitlines()[-1])
+  if done.returncode != 0:
+    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    raise errors.UsageError(f"experiment {experiment!r}: importing it failed "
+                            f"(exit code {done.returncode}: {last})")
 
 
 def cluster_config(flags, model_dir: str) -> local.LocalClusterConfig:
@@ -86,16 +102,29 @@ def chief_stdout_path(model_dir: str) -> str:
   return os.path.join(model_dir, "logs", "chief-0.stdout")
 
 
+def chief_result_path(model_dir: str) -> str:
+  return os.path.join(model_dir, "logs", "chief-0.result.json")
+
+
+def add_chief(cluster: local.LocalCluster, spec: run_spec.RunSpec) -> local.TaskHandle:
+  """Registers the chief: `tfps run` with the run spec in a file beside its log."""
+  path = run_spec.write(spec, os.path.join(cluster.log_dir, "run_spec.json"))
+  result = chief_result_path(spec.model_dir)
+  if os.path.exists(result):
+    os.remove(result)  # An earlier run's: only this chief's may be read.
+  return cluster.add_chief([f"--run_spec={path}", f"--result_file={result}"],
+                           stdout_path=chief_stdout_path(spec.model_dir), stderr_to_parent=True)
+
+
 def run(flags) -> errors.ExitCode:
   stop = signals.StopSignals.install()
   check_hosts(flags)
-  model_dir = prepare_model_dir(flags)
-  cluster = local.LocalCluster(cluster_config(flags, model_dir))  # Starts nothing yet.
-  check_chief_flags(flags, cluster, model_dir)
+  spec = local_spec(flags)
+  cluster = local.LocalCluster(cluster_config(flags, spec.model_dir))  # Starts nothing yet.
+  check_spec(spec, cluster)
   with cluster:
-    chief = cluster.add_chief(chief_flags(flags, model_dir),
-                              stdout_path=chief_stdout_path(model_dir), stderr_to_parent=True)
-    runner = orchestrator.Orchestrator(cluster, chief, stop, max_restarts=flags.max_restarts)
+    runner = orchestrator.Orchestrator(cluster, add_chief(cluster, spec), stop,
+                                       max_restarts=spec.max_restarts)
     runner.start()
     outcome = None
     while outcome is None:
@@ -103,27 +132,14 @@ def run(flags) -> errors.ExitCode:
       stop.wait(_POLL_SECONDS)
   if outcome.code != errors.ExitCode.OK:
     return outcome.code
-  result = final_result(model_dir, runner)
+  result = final_result(spec.model_dir, runner)
   sys.stdout.write(json.dumps(result) + "\n")
   sys.stdout.flush()
   return errors.ExitCode.OK
 
 
 def final_result(model_dir: str, runner: orchestrator.Orchestrator) -> dict:
-  """The chief's JSON line, plus what happened around it."""
-  result = _last_json_line(chief_stdout_path(model_dir))
-  result["restarts"] = result.get("restarts", 0) + runner.chief_restarts
-  result["task_restarts"] = runner.task_restarts
-  result["model_dir"] = model_dir
-  return result
-
-
-def _last_json_line(path: str) -> dict:
-  try:
-    with open(path, encoding="utf-8") as f:
-      lines = [line for line in f if line.startswith("{")]
-  except OSError:
-    lines = []
-  if not lines:
-    raise errors.PermanentError(f"the chief exited 0 but wrote no JSON result to {path}")
-  return json.loads(lines[-1])
+  """The chief's result record, plus what happened around it, as the JSON line's dict."""
+  result = run_result.read(chief_result_path(model_dir))
+  return dataclasses.replace(result, restarts=result.restarts + runner.chief_restarts,
+                             task_restarts=runner.task_restarts).as_dict()

@@ -1,7 +1,9 @@
 """`tfps run`: resolve this task's role, then serve (ps/worker) or coordinate (chief)."""
 
+import dataclasses
 import faulthandler
 import importlib
+import itertools
 import json
 import os
 import signal
@@ -30,6 +32,8 @@ from tfps.recovery import worker_watch
 
 from tfps.base import log_summary
 from tfps.base import signals
+from tfps import run_result
+from tfps import run_spec
 
 # One round of probing the ps and workers (worker watch, ps deadline).
 _PROBE_SECONDS = 1.0
@@ -73,8 +77,9 @@ def run(flags) -> errors.ExitCode:
       raise errors.UsageError(
           "task.type: 'evaluator' side-car evaluation is not supported; "
           "run the chief with --mode=train_and_eval instead")
+    spec = run_spec.from_flags(flags)  # Bad settings: one line, before TF loads.
     if flags.supervise:
-      return _supervise_chief(config, flags, stop)
+      return _supervise_chief(config, spec, stop, result_file=flags.result_file)
     # A coordinator the supervisor finds stuck is asked for its stacks first.
     # Written by the signal handler in C, straight to the log: it works even
     # while another thread holds the interpreter lock.
@@ -86,8 +91,8 @@ def run(flags) -> errors.ExitCode:
         stderr_filter.close()
         temp.cleanup()
         os._exit(0)
-      flags.exclude_workers = list(go.exclude_workers)
-    code = _coordinate(config, flags, stop)
+      spec = dataclasses.replace(spec, exclude_workers=go.exclude_workers)
+    code = _coordinate(config, spec, stop, result_file=flags.result_file)
     sys.stdout.flush()
     stderr_filter.close()
     temp.cleanup()
@@ -106,16 +111,17 @@ def _stand_by(stop) -> standby.Go | None:
   return standby.wait_for_go(stop, sys.stdin)
 
 
-def _coordinate(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCode:
+def _coordinate(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, *,
+                result_file: str | None) -> errors.ExitCode:
   """Runs the coordinator; any failure becomes one line and an exit code."""
   try:
-    return _run_chief(config, flags, stop)
+    return _run_chief(config, spec, stop, result_file=result_file)
   except errors.TfpsError as e:
     error, code, message = e, e.exit_code, str(e)
   except Exception as e:  # A bug of ours: still one line, the rest in a file.
     error, code = e, errors.ExitCode.PERMANENT
     message = f"internal error: {type(e).__name__}: {e}"
-  details = _write_details(flags.model_dir, error)
+  details = _write_details(spec.model_dir, error)
   suffix = f" (details: {details})" if details else ""
   sys.stderr.write(f"tfps: error: {message}{suffix}\n")
   if isinstance(error, errors.PermanentError):
@@ -146,25 +152,17 @@ def _control_address(config: spec_lib.TaskConfig) -> str | None:
   return notices.control_address(config.cluster)
 
 
-def supervision(flags) -> tuple[supervisor.SupervisorConfig, worker_watch.WorkerWatchConfig]:
-  """The supervisor's settings from its flags, validated before anything starts.
-
-  The flags whose config fields have other names are checked here, so that
-  the one-line error names the flag; `SupervisorConfig` checks the rest.
-  """
-  if flags.max_restarts < 0:
-    raise errors.UsageError(f"max_restarts ({flags.max_restarts}) must be >= 0")
-  for name in ("restart_window", "worker_timeout", "grace_seconds"):
-    if not getattr(flags, name) > 0:
-      raise errors.UsageError(f"{name} ({getattr(flags, name)}) must be positive")
+def supervision(spec: run_spec.RunSpec
+                ) -> tuple[supervisor.SupervisorConfig, worker_watch.WorkerWatchConfig]:
+  """The supervisor's settings from the run spec (which named any bad value's flag)."""
   return (supervisor.SupervisorConfig(
-              policy=policy.RestartPolicy(max_restarts=flags.max_restarts,
-                                          window_seconds=flags.restart_window),
-              cluster_wait_seconds=flags.cluster_wait_seconds,
-              stop_grace_seconds=flags.grace_seconds,
-              ps_deadline_seconds=(flags.ps_timeout + _SUPERVISOR_PS_MARGIN_SECONDS
-                                   if flags.ps_timeout > 0 else None)),
-          worker_watch.WorkerWatchConfig(timeout=flags.worker_timeout))
+              policy=policy.RestartPolicy(max_restarts=spec.max_restarts,
+                                          window_seconds=spec.restart_window),
+              cluster_wait_seconds=spec.cluster_wait_seconds,
+              stop_grace_seconds=spec.grace_seconds,
+              ps_deadline_seconds=(spec.ps_timeout + _SUPERVISOR_PS_MARGIN_SECONDS
+                                   if spec.ps_timeout > 0 else None)),
+          worker_watch.WorkerWatchConfig(timeout=spec.worker_timeout))
 
 
 class _CoordinatorProgress:
@@ -185,20 +183,38 @@ class _CoordinatorProgress:
     return self._trained
 
 
-def _supervise_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCode:
-  """The chief as a supervisor of coordinator processes (recovery.supervisor)."""
-  supervisor_config, watch_config = supervision(flags)  # Bad flags: before anything is made.
-  model_dir = ensure_model_dir(flags.model_dir)
+def _supervise_chief(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, *,
+                     result_file: str | None) -> errors.ExitCode:
+  """The chief as a supervisor of coordinator processes (recovery.supervisor).
+
+  Each coordinator is `tfps run --nosupervise` with the run spec in a file
+  (its left-out workers written in), the cluster in TF_CONFIG, and a result
+  file this supervisor reads when it finishes.
+  """
+  supervisor_config, watch_config = supervision(spec)
+  model_dir = ensure_model_dir(spec.model_dir)
+  api.check_experiment_findable(spec.experiment, spec.experiment_params)
   servers = [t for t in config.cluster.for_coordinator().tasks()
              if t.job != spec_lib.JobType.CHIEF]
   event_log = events.EventLog(model_dir)
   # Removed when the chief ends, or by the next chief's sweep if it is killed.
   with scratch_lib.ScratchDir("tfps-chief-") as scratch:
     report_path = os.path.join(scratch, "coordinator.exit.json")
+    result_path = os.path.join(scratch, "coordinator.result.json")
+    spec_files = itertools.count(1)
+
+    def coordinator_command(excluded: tuple[str, ...]) -> list[str]:
+      path = os.path.join(scratch, f"run_spec-{next(spec_files)}.json")
+      run_spec.write(dataclasses.replace(spec, model_dir=model_dir, exclude_workers=excluded),
+                     path)
+      return [sys.executable, "-m", "tfps", "run", "--nosupervise", f"--run_spec={path}",
+              f"--result_file={result_path}"]
+
     coordinators = standby.WarmCoordinators(
-        [sys.executable, "-m", "tfps", *sys.argv[1:], "--nosupervise"],
-        env={**os.environ, exit_report.ENV_VAR: report_path}, stdout_dir=scratch,
-        warm=flags.warm_standby)
+        coordinator_command,
+        env={**os.environ, exit_report.ENV_VAR: report_path,
+             "TF_CONFIG": config.to_tf_config()},
+        stdout_dir=scratch, warm=spec.warm_standby)
 
     current = _CoordinatorProgress(model_dir)
 
@@ -239,30 +255,20 @@ def _supervise_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCod
       coordinators.close()
     if result.exit_code != errors.ExitCode.OK:
       return result.exit_code
-    with open(coordinators.stdout_path, encoding="utf-8") as f:
-      lines = [line for line in f if line.startswith("{")]
-  if not lines:
-    raise errors.PermanentError("the coordinator exited 0 without its JSON result line")
-  summary = json.loads(lines[-1])
-  summary.update(events.summarize(event_log.read()))
-  # The input over the whole run (every coordinator), replayed from the
-  # progress log: what the last coordinator knows plus the accounting.
-  summary["input"] = {**summary.get("input", {}), **coverage.account(
-      progress_log.ProgressLog(model_dir).read_new()).as_dict(flags.global_batch_size)}
-  sys.stdout.write(json.dumps(summary) + "\n")
+    finished = run_result.read_coordinator(result_path)
+  counts = events.summarize(event_log.read())
+  record = run_result.RunResult(
+      coordinator=finished, faults=counts["faults"], restarts=counts["restarts"],
+      steps_lost=counts["steps_lost"], steps_reexecuted=counts["steps_reexecuted"],
+      # The input over the whole run (every coordinator), replayed from the
+      # progress log: what the last coordinator knows plus the accounting.
+      input={**finished.input, **coverage.account(
+          progress_log.ProgressLog(model_dir).read_new()).as_dict(spec.global_batch_size)})
+  if result_file:
+    run_result.write(record, result_file)
+  sys.stdout.write(json.dumps(record.as_dict()) + "\n")
   sys.stdout.flush()
   return errors.ExitCode.OK
-
-
-def parse_params(items: list[str]) -> dict[str, str]:
-  """`--experiment_params` items `key=value` as a dict."""
-  params = {}
-  for item in items:
-    key, sep, value = item.partition("=")
-    if not sep or not key.strip():
-      raise errors.UsageError(f"--experiment_params: {item!r} must look like key=value")
-    params[key.strip()] = value.strip()
-  return params
 
 
 def ensure_model_dir(model_dir: str | None) -> str:
@@ -278,48 +284,17 @@ def ensure_model_dir(model_dir: str | None) -> str:
   return model_dir
 
 
-def chief_config(flags, cluster: spec_lib.ClusterSpec, model_dir: str) -> api.ChiefConfig:
-  """The chief's flags as a validated ChiefConfig (UsageError naming field and value).
-
-  TensorFlow-free, so `tfps local` checks the flags it forwards to its chief
-  before it starts any process.
-  """
-  api.check_experiment_findable(flags.experiment, parse_params(flags.experiment_params))
-  if flags.train_epochs is not None and flags["train_steps"].present:
-    raise errors.UsageError(
-        f"train_epochs ({flags.train_epochs}) and train_steps ({flags.train_steps}): "
-        "give one of the two")
-  return api.ChiefConfig(
-      cluster=cluster,
-      experiment=flags.experiment,
-      model_dir=model_dir,
-      train_steps=flags.train_steps,
-      train_epochs=flags.train_epochs,
-      input_shards=flags.input_shards,
-      steps_per_loop=flags.steps_per_loop,
-      steps_per_closure=flags.steps_per_closure,
-      checkpoint_interval=flags.checkpoint_interval,
-      max_to_keep=flags.max_to_keep,
-      mode=flags.mode,
-      eval_steps=flags.eval_steps,
-      global_batch_size=flags.global_batch_size,
-      seed=flags.seed,
-      ready_timeout=flags.ready_timeout,
-      experiment_params=parse_params(flags.experiment_params),
-      eval_interval=flags.eval_interval,
-      eval_shards=flags.eval_shards,
-      min_shard_bytes=flags.min_shard_bytes or None,
-      ps_timeout=flags.ps_timeout or None)
-
-
-def _run_chief(config: spec_lib.TaskConfig, flags, stop) -> errors.ExitCode:
-  cluster = config.cluster.for_coordinator().without_workers(
-      spec_lib.TaskId.parse(name) for name in flags.exclude_workers)
-  settings = chief_config(flags, cluster, flags.model_dir)  # Bad flags: before TF loads.
+def _run_chief(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, *,
+               result_file: str | None) -> errors.ExitCode:
+  settings = spec.chief_config(config.cluster.for_coordinator())  # Before TF loads.
+  api.check_experiment_findable(spec.experiment, spec.experiment_params)
   from tfps.coordinator import chief  # Imports TensorFlow (seconds).
 
   result = chief.run_chief(settings, interrupts=interrupts.Interrupts(stop))
-  sys.stdout.write(json.dumps(result.as_dict()) + "\n")
-  sys.stdout.flush()
+  if result_file:  # The supervisor's (run_result); else a person's.
+    run_result.write_coordinator(result, result_file)
+  else:
+    sys.stdout.write(json.dumps(result.as_dict()) + "\n")
+    sys.stdout.flush()
   logging.info("chief finished: %s at step %d", result.status, result.global_step)
   return errors.ExitCode.OK

@@ -10,16 +10,21 @@ with `ChiefConfig` before it starts any process (`tfps local`).
 
 import dataclasses
 import enum
+import importlib
 import importlib.util
 import types
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from tfps.cluster import spec as spec_lib
 from tfps.base import errors
+from tfps.base import messages
 
 # Variables larger than this are split across the ps tasks, in shards of at
 # least this size (why this size: `coordinator.strategy`, which re-exports it).
 DEFAULT_MIN_SHARD_BYTES = 64 << 20
+
+# ChiefConfig's train_steps when neither it nor train_epochs is given.
+DEFAULT_TRAIN_STEPS = 1000
 
 # The built-in experiments, by name: the factory each stands for.
 BUILTIN_EXPERIMENTS = types.MappingProxyType({"ctr": "tfps.coordinator.ctr:factory"})
@@ -62,9 +67,8 @@ def check_experiment_findable(name: str, params: Mapping[str, str] = types.Mappi
 
   Found without importing it (importlib's finder): the command line checks
   this before it starts any task or imports TensorFlow. A built-in
-  experiment's `params` are checked too (`BUILTIN_SETTINGS_CHECKS`). Whether the module
-  imports cleanly, has the factory and returns an `Experiment` is known only
-  when the coordinator loads it (a UsageError then too, never retried).
+  experiment's `params` are checked too (`BUILTIN_SETTINGS_CHECKS`). Whether
+  the module imports and has the factory: `load_factory`.
   """
   module, _ = experiment_target(name)
   try:
@@ -75,8 +79,46 @@ def check_experiment_findable(name: str, params: Mapping[str, str] = types.Mappi
     reason = "not found on the Python path; is PYTHONPATH set?"
   if found is None:
     raise errors.UsageError(f"experiment {name!r}: cannot import module {module!r} ({reason})")
+  check_experiment_settings(name, params)
+
+
+def check_experiment_settings(name: str, params: Mapping[str, str]) -> None:
+  """UsageError for a built-in experiment's unknown or bad `params` (TensorFlow-free)."""
   if name in BUILTIN_SETTINGS_CHECKS:
     BUILTIN_SETTINGS_CHECKS[name](params)
+
+
+def load_factory(name: str) -> Callable[..., Any]:
+  """Imports an experiment's module and returns its factory (not called).
+
+  TensorFlow-free itself (the user's module may import it): `tfps local`
+  runs this in a short-lived child process before it starts any task
+  (`tfps.experiment_check`), the coordinator when it loads the experiment.
+  Whether the factory returns an `Experiment` is known only when it is
+  called, inside a strategy's scope on a running cluster: the coordinator's
+  first start then exits 2, which is never retried.
+
+  Raises:
+    UsageError: unknown name, module that cannot be imported, missing or
+      non-callable attribute.
+  """
+  module_name, attribute = experiment_target(name)
+  try:
+    module = importlib.import_module(module_name)
+  except Exception as e:  # Any failure to import is the user's to fix.
+    raise errors.UsageError(
+        f"experiment {name!r}: cannot import module {module_name!r} "
+        f"({type(e).__name__}: {messages.one_line(e)})") from e
+  factory = module
+  for part in attribute.split("."):
+    if not hasattr(factory, part):
+      raise errors.UsageError(
+          f"experiment {name!r}: module {module_name!r} has no attribute {attribute!r}")
+    factory = getattr(factory, part)
+  if not callable(factory):
+    raise errors.UsageError(
+        f"experiment {name!r}: {attribute!r} is a {type(factory).__name__}, not callable")
+  return factory
 
 
 class Mode(str, enum.Enum):
@@ -112,7 +154,9 @@ class ChiefConfig:
     experiment: a built-in name (`ctr`) or `package.module:factory`.
     experiment_params: experiment-specific `key=value` settings.
     mode: `train`, `train_and_eval` or `eval`.
-    train_steps: train until the global step reaches this (unless train_epochs).
+    train_steps: train until the global step reaches this; None when
+      train_epochs decides. Exactly one of the two is set: given neither,
+      train_steps is DEFAULT_TRAIN_STEPS.
     train_epochs: train this many epochs of a finite training dataset
       (positioned input, coordinator.ledger); the step to reach is then
       known once the input is measured. None: train_steps decides.
@@ -142,7 +186,7 @@ class ChiefConfig:
   experiment: str = "ctr"
   experiment_params: Mapping[str, str] = dataclasses.field(default_factory=dict)
   mode: Mode = Mode.TRAIN_AND_EVAL
-  train_steps: int = 1000
+  train_steps: int | None = None
   train_epochs: int | None = None
   input_shards: int | None = None
   steps_per_loop: int = 100
@@ -170,10 +214,16 @@ class ChiefConfig:
     except ValueError:
       allowed = ", ".join(m.value for m in Mode)
       raise errors.UsageError(f"mode ({self.mode!r}) must be one of {allowed}") from None
-    for name in ("train_steps", "steps_per_loop", "steps_per_closure",
+    if self.train_steps is None and self.train_epochs is None:
+      object.__setattr__(self, "train_steps", DEFAULT_TRAIN_STEPS)
+    if self.train_steps is not None and self.train_epochs is not None:
+      raise errors.UsageError(
+          f"train_epochs ({self.train_epochs}) and train_steps ({self.train_steps}): "
+          "give one of the two")
+    for name in ("steps_per_loop", "steps_per_closure",
                  "checkpoint_interval", "max_to_keep", "global_batch_size"):
       _positive_int(name, getattr(self, name))
-    for name in ("eval_steps", "eval_interval", "eval_shards", "min_shard_bytes",
+    for name in ("train_steps", "eval_steps", "eval_interval", "eval_shards", "min_shard_bytes",
                  "train_epochs", "input_shards"):
       if getattr(self, name) is not None:
         _positive_int(name, getattr(self, name))
@@ -232,3 +282,18 @@ class ChiefResult:
     d["status"], d["mode"], d["eval"] = self.status.value, self.mode.value, dict(self.eval)
     d["input"] = dict(self.input)
     return d
+
+  @classmethod
+  def from_dict(cls, raw: Mapping[str, Any]) -> "ChiefResult":
+    """The record `as_dict` wrote (the coordinator's result file, read by its supervisor).
+
+    Raises:
+      ValueError: not such a record (a field missing or unknown, a bad enum).
+    """
+    names = {f.name for f in dataclasses.fields(cls)}
+    if not isinstance(raw, Mapping) or set(raw) - names:
+      raise ValueError(f"not a coordinator result: {raw!r:.200}")
+    try:
+      return cls(**{**raw, "status": RunStatus(raw["status"]), "mode": Mode(raw["mode"])})
+    except (KeyError, TypeError) as e:
+      raise ValueError(f"not a coordinator result ({e}): {raw!r:.200}") from None

@@ -28,7 +28,6 @@ that a variable partitioner creates (docs/tensorflow-behaviour.md).
 """
 
 import dataclasses
-import importlib
 import types
 from typing import Any, Callable, Mapping
 
@@ -132,25 +131,9 @@ def load_factory(name: str) -> Factory:
 
   Raises:
     UsageError: unknown name, module that cannot be imported, missing or
-      non-callable attribute.
+      non-callable attribute (`api.load_factory`).
   """
-  module_name, attribute = api.experiment_target(name)
-  try:
-    module = importlib.import_module(module_name)
-  except Exception as e:  # Any failure to import is the user's to fix.
-    raise errors.UsageError(
-        f"experiment {name!r}: cannot import module {module_name!r} "
-        f"({type(e).__name__}: {messages.one_line(e)})") from e
-  factory = module
-  for part in attribute.split("."):
-    if not hasattr(factory, part):
-      raise errors.UsageError(
-          f"experiment {name!r}: module {module_name!r} has no attribute {attribute!r}")
-    factory = getattr(factory, part)
-  if not callable(factory):
-    raise errors.UsageError(
-        f"experiment {name!r}: {attribute!r} is a {type(factory).__name__}, not callable")
-  return factory
+  return api.load_factory(name)
 
 
 def build(factory: Factory, context: ExperimentContext, *, name: str,

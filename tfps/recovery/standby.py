@@ -59,17 +59,20 @@ def wait_for_go(stop: signals.StopSignals, stdin: TextIO) -> Go | None:
 class WarmCoordinators:
   """Starts coordinator processes for the supervisor, the next one kept warm.
 
-  `argv` starts a coordinator; `--exclude_workers` is appended to it for a
-  cold start and sent in the go line to a standby. Every process writes its
+  `command(excluded)` is the command line of a coordinator that leaves the
+  workers `excluded` out (`tfps run` writes them into the run spec file it
+  names); a standby is started with `command(())` and told whom to leave out
+  in its go line. Every process writes its
   stdout to its own file in `stdout_dir`; `stdout_path` is the current one's.
   Their temporary files go there too (`TMPDIR`): each coordinator keeps them
   in its own scratch directory, which the next one removes if it was killed
   (`cluster.scratch`), and the chief removes `stdout_dir` when it ends.
   """
 
-  def __init__(self, argv: Sequence[str], *, env: dict, stdout_dir: str, warm: bool,
+  def __init__(self, command: Callable[[tuple[str, ...]], Sequence[str]], *, env: dict,
+               stdout_dir: str, warm: bool,
                spawn: Callable[..., subprocess.Popen] = processes.spawn):
-    self._argv = list(argv)
+    self._command = command
     self._env = env
     self._stdout_dir = stdout_dir
     self._warm = warm
@@ -92,29 +95,27 @@ class WarmCoordinators:
 
   def start(self, excluded: Sequence[str]) -> tuple[subprocess.Popen, bool]:
     """The coordinator that runs next, and whether it was the warm standby."""
-    excluded = sorted(excluded)
+    excluded = tuple(sorted(excluded))
     if self._standby is not None:
       process, path = self._standby
       self._standby = None
       if process.poll() is None:
         try:
-          process.stdin.write((json.dumps({"exclude_workers": excluded}) + "\n").encode())
+          process.stdin.write((json.dumps({"exclude_workers": list(excluded)}) + "\n").encode())
           process.stdin.close()
           self.stdout_path = path
           return process, True
         except (BrokenPipeError, OSError):
           pass  # It died in between: start a cold one instead.
       processes.stop_group(process, grace=0)
-    process, self.stdout_path = self._new(
-        [*self._argv, f"--exclude_workers={','.join(excluded)}"], self._env,
-        subprocess.DEVNULL)
+    process, self.stdout_path = self._new(self._command(excluded), self._env, subprocess.DEVNULL)
     return process, False
 
   def prepare(self) -> None:
     """Starts the standby, if warm standbys are on and there is none."""
     if not self._warm or (self._standby is not None and self._standby[0].poll() is None):
       return
-    self._standby = self._new(self._argv, {**self._env, ENV_VAR: "1"}, subprocess.PIPE)
+    self._standby = self._new(self._command(()), {**self._env, ENV_VAR: "1"}, subprocess.PIPE)
     logging.info("warm standby coordinator started (pid %d)", self._standby[0].pid)
 
   def close(self) -> None:

@@ -1,0 +1,234 @@
+"""The run spec: every setting of a training run, parsed once from the flags.
+
+`tfps run` (chief), `tfps local`, `tfps chaos` and `tfps k8s` build one
+`RunSpec` from their flags at the command line's edge, validated at
+construction (a one-line UsageError naming the flag and its value), and hand
+that one object on: to the supervisor, to the coordinator it starts (as a
+JSON file, `tfps run --run_spec=FILE`), to a local cluster's chief (the same
+file) and to the Kubernetes renderer (`to_flags`, derived from the fields, so
+no setting can be left out of a manifest).
+
+Each field is named after its flag and holds the flag's value (e.g.
+`ps_timeout` 0 means no deadline, as on the command line); `chief_config`
+turns it into the coordinator's `ChiefConfig`. TensorFlow-free.
+"""
+
+import dataclasses
+import json
+import os
+import tempfile
+import types
+from typing import Any, Mapping
+
+from tfps.base import errors
+from tfps.cluster import spec as spec_lib
+from tfps.coordinator import api
+
+# Flag default of --train_steps (when --train_epochs is not given).
+DEFAULT_TRAIN_STEPS = 2000
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunSpec:
+  """What to train and how to keep it running; one field per flag.
+
+  Attributes (the flags' help says more):
+    experiment, experiment_params, model_dir, mode, train_steps,
+    train_epochs, input_shards, steps_per_loop, steps_per_closure,
+    checkpoint_interval, max_to_keep, eval_steps, eval_interval, eval_shards,
+    global_batch_size, seed, ready_timeout, min_shard_bytes (0: never
+    split), ps_timeout (0: no deadline): the coordinator's (`ChiefConfig`).
+      Exactly one of train_steps and train_epochs is set.
+    max_restarts, restart_window, cluster_wait_seconds, worker_timeout,
+    grace_seconds, warm_standby: the chief's supervisor.
+    exclude_workers: workers the supervisor leaves out of a coordinator's
+      cluster (`worker:1`); set by the supervisor, not by users.
+  """
+
+  experiment: str = "ctr"
+  experiment_params: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  model_dir: str | None = None
+  mode: str = "train_and_eval"
+  train_steps: int | None = DEFAULT_TRAIN_STEPS
+  train_epochs: int | None = None
+  input_shards: int | None = None
+  steps_per_loop: int = 200
+  steps_per_closure: int = 50
+  checkpoint_interval: int = 500
+  max_to_keep: int = 3
+  eval_steps: int | None = None
+  eval_interval: int | None = None
+  eval_shards: int | None = None
+  global_batch_size: int = 512
+  seed: int = 0
+  ready_timeout: float = 180.0
+  min_shard_bytes: int = api.DEFAULT_MIN_SHARD_BYTES
+  ps_timeout: float = 60.0
+  max_restarts: int = 3
+  restart_window: float = 600.0
+  cluster_wait_seconds: float = 600.0
+  worker_timeout: float = 60.0
+  grace_seconds: float = 15.0
+  warm_standby: bool = True
+  exclude_workers: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    api.experiment_target(self.experiment)  # A UsageError naming it, if it is not one.
+    params = dict(self.experiment_params)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in params.items()):
+      raise errors.UsageError(f"experiment_params ({params!r}) must map strings to strings")
+    object.__setattr__(self, "experiment_params", types.MappingProxyType(params))
+    if self.model_dir is not None and (not isinstance(self.model_dir, str)
+                                       or not self.model_dir.strip()):
+      raise errors.UsageError(f"model_dir ({self.model_dir!r}) must be a directory path")
+    if self.mode not in {m.value for m in api.Mode}:
+      allowed = ", ".join(m.value for m in api.Mode)
+      raise errors.UsageError(f"mode ({self.mode!r}) must be one of {allowed}")
+    if (self.train_steps is None) == (self.train_epochs is None):
+      raise errors.UsageError(
+          f"train_epochs ({self.train_epochs}) and train_steps ({self.train_steps}): "
+          "give one of the two")
+    for name in _POSITIVE_INTS:
+      value = getattr(self, name)
+      if value is not None and not (_is_int(value) and value >= 1):
+        raise errors.UsageError(f"{name} ({value!r}) must be a positive integer")
+    for name in ("seed", "max_restarts", "min_shard_bytes"):
+      if not (_is_int(getattr(self, name)) and getattr(self, name) >= 0):
+        raise errors.UsageError(f"{name} ({getattr(self, name)!r}) must be >= 0")
+    for name, lowest in _SECONDS.items():
+      value = getattr(self, name)
+      if not (_is_number(value) and value < float("inf")
+              and (value > 0 if lowest == "positive" else value >= 0)):
+        raise errors.UsageError(f"{name} ({value!r}) must be {lowest}")
+    if not isinstance(self.warm_standby, bool):
+      raise errors.UsageError(f"warm_standby ({self.warm_standby!r}) must be true or false")
+    object.__setattr__(self, "exclude_workers", tuple(self.exclude_workers))
+    for name in self.exclude_workers:
+      if spec_lib.TaskId.parse(name).job != spec_lib.JobType.WORKER:
+        raise errors.UsageError(f"exclude_workers ({name!r}) must name workers (worker:N)")
+
+  def chief_config(self, cluster: spec_lib.ClusterSpec) -> api.ChiefConfig:
+    """The coordinator's configuration on `cluster` (its left-out workers removed)."""
+    return api.ChiefConfig(
+        cluster=cluster.without_workers(map(spec_lib.TaskId.parse, self.exclude_workers)),
+        model_dir=self.model_dir,
+        **{name: getattr(self, name) for name in _CHIEF_FIELDS},
+        min_shard_bytes=self.min_shard_bytes or None,
+        ps_timeout=self.ps_timeout or None)
+
+  def to_json(self) -> dict[str, Any]:
+    out = {name: getattr(self, name) for name in FIELDS}  # asdict cannot copy a mappingproxy.
+    out["experiment_params"] = dict(self.experiment_params)
+    out["exclude_workers"] = list(self.exclude_workers)
+    return out
+
+  @classmethod
+  def from_json(cls, raw: Any, *, source: str) -> "RunSpec":
+    if not isinstance(raw, dict):
+      raise errors.UsageError(f"{source}: must hold a JSON object, not {type(raw).__name__}")
+    unknown = set(raw) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+      raise errors.UsageError(f"{source}: unknown setting(s) {', '.join(sorted(unknown))}")
+    return cls(**raw)
+
+  def to_flags(self, *, leave_out: frozenset[str] = frozenset()) -> list[str]:
+    """The spec as `tfps run` flags (None: the flag's default, not written)."""
+    out = []
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if field.name in leave_out or value is None or value == ():
+        continue
+      if isinstance(value, bool):
+        text = "true" if value else "false"
+      elif field.name == "experiment_params":
+        if not value:
+          continue
+        text = ",".join(f"{k}={v}" for k, v in value.items())
+      elif isinstance(value, tuple):
+        text = ",".join(value)
+      else:
+        text = repr(value) if isinstance(value, float) else str(value)
+      out.append(f"--{field.name}={text}")
+    return out
+
+
+_CHIEF_FIELDS = ("experiment", "experiment_params", "mode", "train_steps", "train_epochs",
+                 "input_shards", "steps_per_loop", "steps_per_closure", "checkpoint_interval",
+                 "max_to_keep", "eval_steps", "eval_interval", "eval_shards",
+                 "global_batch_size", "seed", "ready_timeout")
+_POSITIVE_INTS = ("train_steps", "train_epochs", "input_shards", "steps_per_loop",
+                  "steps_per_closure", "checkpoint_interval", "max_to_keep", "eval_steps",
+                  "eval_interval", "eval_shards", "global_batch_size")
+_SECONDS = {"ready_timeout": "positive", "restart_window": "positive",
+            "cluster_wait_seconds": "positive", "worker_timeout": "positive",
+            "grace_seconds": "positive", "ps_timeout": ">= 0"}
+FIELDS = tuple(f.name for f in dataclasses.fields(RunSpec))
+
+
+def _is_int(value: Any) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def parse_params(items: list[str]) -> dict[str, str]:
+  """`--experiment_params` items `key=value` as a dict."""
+  params = {}
+  for item in items:
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+      raise errors.UsageError(f"--experiment_params: {item!r} must look like key=value")
+    params[key.strip()] = value.strip()
+  return params
+
+
+def from_flags(flags) -> RunSpec:
+  """The run's spec from the parsed flags, or from `--run_spec=FILE` (not both).
+
+  A built-in experiment's settings are checked too (TensorFlow-free); where
+  the experiment must run here, callers also check that its module can be
+  found (`api.check_experiment_findable`).
+  """
+  if flags.run_spec:
+    given = [name for name in FIELDS if flags[name].present]
+    if given:
+      raise errors.UsageError(
+          f"--run_spec: the run's settings come from {flags.run_spec!r}; "
+          f"do not also give --{given[0]}")
+    spec = read(flags.run_spec)
+  else:
+    values = {name: getattr(flags, name) for name in FIELDS}
+    values["experiment_params"] = parse_params(flags.experiment_params)
+    values["exclude_workers"] = tuple(flags.exclude_workers)
+    if flags.train_epochs is not None and not flags["train_steps"].present:
+      values["train_steps"] = None  # Epochs decide; giving both is refused.
+    spec = RunSpec(**values)
+  api.check_experiment_settings(spec.experiment, spec.experiment_params)
+  return spec
+
+
+def write_json(path: str, record: Mapping[str, Any]) -> None:
+  """Writes `record` to `path` whole or not at all (a reader never sees half)."""
+  directory = os.path.dirname(os.path.abspath(path))
+  with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False,
+                                   encoding="utf-8") as f:
+    json.dump(record, f)
+  os.replace(f.name, path)
+
+
+def write(spec: RunSpec, path: str) -> str:
+  write_json(path, spec.to_json())
+  return path
+
+
+def read(path: str) -> RunSpec:
+  try:
+    with open(path, encoding="utf-8") as f:
+      raw = json.load(f)
+  except OSError as e:
+    raise errors.UsageError(f"--run_spec: cannot read {path!r} ({e.strerror})") from None
+  except ValueError as e:
+    raise errors.UsageError(f"--run_spec: {path!r} is not JSON ({e})") from None
+  return RunSpec.from_json(raw, source=f"--run_spec {path!r}")
