@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfps.cluster import spec as spec_lib
-from tfps.coordinator import chief
+from tfps.coordinator import run as coordinator_run
 from tfps.coordinator import datasets
 from tfps.coordinator import progress
 from tfps.coordinator import trainer as trainer_lib
@@ -22,7 +22,7 @@ _CLUSTER = spec_lib.ClusterSpec.from_dict(
 def _config(tmp_path, **overrides):
   kwargs = dict(cluster=_CLUSTER, model_dir=str(tmp_path / "model"), ready_timeout=0.5)
   kwargs.update(overrides)
-  return chief.ChiefConfig(**kwargs)
+  return coordinator_run.CoordinatorConfig(**kwargs)
 
 
 @pytest.mark.parametrize("field,value", [
@@ -56,7 +56,7 @@ def test_config_rejects_bad_values_naming_field_and_value(tmp_path, overrides, m
 
 def test_config_accepts_mode_strings_and_freezes(tmp_path):
   config = _config(tmp_path, mode="eval", experiment_params={"hidden": "8"})
-  assert config.mode is chief.Mode.EVAL
+  assert config.mode is coordinator_run.Mode.EVAL
   with pytest.raises(Exception):
     config.train_steps = 5  # Frozen.
   with pytest.raises(TypeError):
@@ -68,20 +68,20 @@ def test_unwritable_model_dir_fails_before_connecting(tmp_path):
   blocker.write_text("not a directory")
   config = _config(tmp_path, model_dir=str(blocker / "model"))
   with pytest.raises(errors.UsageError) as e:
-    chief.run_chief(config)  # Would hang/fail differently if it tried the cluster.
+    coordinator_run.run_coordinator(config)  # Would hang/fail differently if it tried the cluster.
   assert str(e.value).startswith(f"model_dir ({blocker / 'model'}): cannot write there (")
   assert "\n" not in str(e.value)
 
 
 def test_unknown_experiment_fails_before_connecting(tmp_path):
   with pytest.raises(errors.UsageError) as e:
-    chief.run_chief(_config(tmp_path, experiment="nosuch"))
+    coordinator_run.run_coordinator(_config(tmp_path, experiment="nosuch"))
   assert "experiment 'nosuch' is unknown" in str(e.value)
 
 
 def test_result_as_dict_is_json():
-  result = chief.ChiefResult(
-      status=chief.RunStatus.FINISHED, experiment="ctr", mode=chief.Mode.TRAIN,
+  result = coordinator_run.CoordinatorResult(
+      status=coordinator_run.RunStatus.FINISHED, experiment="ctr", mode=coordinator_run.Mode.TRAIN,
       global_step=10, start_step=0, train_steps=10, examples_per_sec=1.5, steps_per_sec=0.5,
       train_seconds=2.0, eval={"auc": 0.7}, checkpoint="/m/ckpt-10", model_dir="/m")
   d = json.loads(json.dumps(result.as_dict()))
@@ -111,7 +111,7 @@ def test_split_eval_steps_over_shards():
 
 @pytest.mark.parametrize("step,expected", [(0, 40), (40, 40), (80, 20), (90, 10), (100, 40)])
 def test_loops_end_on_checkpoint_boundaries(step, expected):
-  assert chief._loop_size(step, steps_per_loop=40, checkpoint_interval=100) == expected
+  assert coordinator_run._loop_size(step, steps_per_loop=40, checkpoint_interval=100) == expected
 
 
 class _FakeStep:
@@ -207,11 +207,11 @@ def test_a_non_finite_output_that_is_not_a_loss_does_not_stop_the_run():
     (lambda: 1 / 0, 10, False),  # A dataset_fn failing here proves nothing.
 ])
 def test_input_cannot_end_only_when_its_cardinality_proves_it(make, steps, cannot_end):
-  assert chief.input_cannot_end(make, num_workers=2, num_replicas_in_sync=1,
+  assert coordinator_run.input_cannot_end(make, num_workers=2, num_replicas_in_sync=1,
                                 steps=steps) == cannot_end
 
 
 def test_a_dataset_object_is_judged_by_one_workers_shard():
   dataset = tf.data.Dataset.range(4000)
-  assert chief.input_cannot_end(dataset, num_workers=2, num_replicas_in_sync=1, steps=2000)
-  assert not chief.input_cannot_end(dataset, num_workers=2, num_replicas_in_sync=1, steps=2001)
+  assert coordinator_run.input_cannot_end(dataset, num_workers=2, num_replicas_in_sync=1, steps=2000)
+  assert not coordinator_run.input_cannot_end(dataset, num_workers=2, num_replicas_in_sync=1, steps=2001)

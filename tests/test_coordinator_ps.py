@@ -1,7 +1,7 @@
 """The coordinator on a real (in-process) cluster: 2 ps, 2 workers, gRPC on loopback.
 
 TensorFlow allows one cluster per process, so every test here shares one
-module-scoped cluster; each `run_chief` builds its own strategy on it, as a
+module-scoped cluster; each `run_coordinator` builds its own strategy on it, as a
 restarted coordinator would.
 """
 
@@ -16,7 +16,7 @@ import tensorflow as tf
 import tf_keras
 
 from tfps.cluster import inprocess
-from tfps.coordinator import chief
+from tfps.coordinator import run as coordinator_run
 from tfps.coordinator import ctr
 from tfps.coordinator import datasets
 from tfps.coordinator import evaluator as evaluator_lib
@@ -345,16 +345,16 @@ def test_a_metric_whose_state_is_out_of_reach_is_refused_in_one_line(runtime):
     evaluator_lib.PSEvaluator(evaluator, runtime, num_shards=2)
 
 
-def _chief_config(cluster, model_dir, **overrides):
+def _coordinator_config(cluster, model_dir, **overrides):
   kwargs = dict(cluster=cluster, model_dir=str(model_dir), experiment_params=SMALL_CTR,
                 global_batch_size=256, steps_per_loop=100, checkpoint_interval=100,
                 steps_per_closure=25, min_shard_bytes=16 << 10, ready_timeout=30, seed=1)
   kwargs.update(overrides)
-  return chief.ChiefConfig(**kwargs)
+  return coordinator_run.CoordinatorConfig(**kwargs)
 
 
 def test_ctr_learns(cluster, tmp_path):
-  result = chief.run_chief(_chief_config(cluster, tmp_path, train_steps=300,
+  result = coordinator_run.run_coordinator(_coordinator_config(cluster, tmp_path, train_steps=300,
                                          mode="train_and_eval"))
   line = json.loads(json.dumps(result.as_dict()))
   assert line["status"] == "finished" and line["global_step"] == 300
@@ -368,19 +368,19 @@ def test_ctr_learns(cluster, tmp_path):
 
 def test_checkpoint_and_resume_at_the_saved_step(cluster, tmp_path, caplog):
   caplog.set_level("INFO", logger="absl")
-  first = chief.run_chief(_chief_config(cluster, tmp_path, train_steps=120, mode="train",
+  first = coordinator_run.run_coordinator(_coordinator_config(cluster, tmp_path, train_steps=120, mode="train",
                                         steps_per_loop=50, checkpoint_interval=50))
   assert first.global_step == 120 and first.eval == {}
   saved = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "ckpt-*.index")))
   assert saved == ["ckpt-100.index", "ckpt-120.index", "ckpt-50.index"]
 
   caplog.clear()
-  second = chief.run_chief(_chief_config(cluster, tmp_path, train_steps=150, mode="train"))
+  second = coordinator_run.run_coordinator(_coordinator_config(cluster, tmp_path, train_steps=150, mode="train"))
   assert f"restored {tmp_path / 'ckpt-120'} at step 120" in caplog.text
   assert second.start_step == 120 and second.global_step == 150
   assert second.checkpoint == str(tmp_path / "ckpt-150")
 
-  third = chief.run_chief(_chief_config(cluster, tmp_path, train_steps=150, mode="eval"))
+  third = coordinator_run.run_coordinator(_coordinator_config(cluster, tmp_path, train_steps=150, mode="eval"))
   assert third.start_step == third.global_step == 150
   assert 0.5 < third.eval["auc"] < 1.0
 
@@ -392,7 +392,7 @@ def test_checkpoint_and_resume_at_the_saved_step(cluster, tmp_path, caplog):
 
 
 def test_user_factory_with_plain_orbit_classes(cluster, tmp_path):
-  result = chief.run_chief(_chief_config(
+  result = coordinator_run.run_coordinator(_coordinator_config(
       cluster, tmp_path, experiment=f"{__name__}:plain_factory", experiment_params={},
       train_steps=60, steps_per_loop=30, checkpoint_interval=60, global_batch_size=32))
   assert result.global_step == 60
@@ -400,10 +400,10 @@ def test_user_factory_with_plain_orbit_classes(cluster, tmp_path):
 
 
 def test_checkpoint_of_another_model_is_permanent(cluster, tmp_path):
-  chief.run_chief(_chief_config(cluster, tmp_path, train_steps=10, mode="train"))
+  coordinator_run.run_coordinator(_coordinator_config(cluster, tmp_path, train_steps=10, mode="train"))
   other = dict(SMALL_CTR, vocab_sizes="3000:2000:999")
   with pytest.raises(errors.PermanentError) as e:
-    chief.run_chief(_chief_config(cluster, tmp_path, train_steps=20, mode="train",
+    coordinator_run.run_coordinator(_coordinator_config(cluster, tmp_path, train_steps=20, mode="train",
                                   experiment_params=other))
   message = str(e.value)
   assert message.startswith(f"checkpoint {tmp_path / 'ckpt-10'} does not fit experiment 'ctr'")
@@ -412,7 +412,7 @@ def test_checkpoint_of_another_model_is_permanent(cluster, tmp_path):
 
 def test_eval_mode_without_checkpoint_is_a_usage_error(cluster, tmp_path):
   with pytest.raises(errors.UsageError, match=r"mode \(eval\) needs a checkpoint"):
-    chief.run_chief(_chief_config(cluster, tmp_path, mode="eval"))
+    coordinator_run.run_coordinator(_coordinator_config(cluster, tmp_path, mode="eval"))
 
 
 def test_readme_experiment_example_trains(cluster, tmp_path, monkeypatch):
@@ -425,7 +425,7 @@ def test_readme_experiment_example_trains(cluster, tmp_path, monkeypatch):
   (tmp_path / "my_experiment.py").write_text(code)
   monkeypatch.syspath_prepend(str(tmp_path))
   monkeypatch.delitem(sys.modules, "my_experiment", raising=False)
-  result = chief.run_chief(_chief_config(
+  result = coordinator_run.run_coordinator(_coordinator_config(
       cluster, tmp_path / "model", experiment="my_experiment:factory", experiment_params={},
       train_steps=200, steps_per_loop=100, checkpoint_interval=100, global_batch_size=64))
   assert result.global_step == 200

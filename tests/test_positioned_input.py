@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from tfps.cluster import inprocess
-from tfps.coordinator import chief
+from tfps.coordinator import run as coordinator_run
 from tfps.coordinator import experiment as experiment_lib
 from tfps.coordinator import positioned as positioned_lib
 from tfps.coordinator import strategy as strategy_lib
@@ -49,7 +49,7 @@ def _config(cluster, model_dir, **overrides):
                 steps_per_loop=20, checkpoint_interval=20, steps_per_closure=5,
                 ready_timeout=30)
   kwargs.update(overrides)
-  return chief.ChiefConfig(**kwargs)
+  return coordinator_run.CoordinatorConfig(**kwargs)
 
 
 def _counts(result):
@@ -61,7 +61,7 @@ def _coverage(model_dir):
 
 
 def test_one_epoch_trains_every_example_once(cluster, tmp_path):
-  result = chief.run_chief(_config(cluster, tmp_path, train_steps=EPOCH))
+  result = coordinator_run.run_coordinator(_config(cluster, tmp_path, train_steps=EPOCH))
   assert result.global_step == EPOCH
   assert np.array_equal(_counts(result), np.ones(EXAMPLES, np.int32))
   assert result.input["positioned"] and result.input["batches_per_epoch"] == EPOCH
@@ -70,10 +70,10 @@ def test_one_epoch_trains_every_example_once(cluster, tmp_path):
 
 
 def test_a_resumed_run_continues_the_epoch_where_the_checkpoint_was(cluster, tmp_path):
-  first = chief.run_chief(_config(cluster, tmp_path, train_steps=30))
+  first = coordinator_run.run_coordinator(_config(cluster, tmp_path, train_steps=30))
   counts = _counts(first)
   assert counts.sum() == 30 * BATCH and counts.max() == 1  # Part of an epoch, none twice.
-  second = chief.run_chief(_config(cluster, tmp_path, train_steps=EPOCH * 2))
+  second = coordinator_run.run_coordinator(_config(cluster, tmp_path, train_steps=EPOCH * 2))
   assert np.array_equal(_counts(second), np.full(EXAMPLES, 2, np.int32))
   accounted = _coverage(tmp_path)
   assert accounted.ok and accounted.epochs_completed == 2
@@ -116,7 +116,7 @@ def test_a_loop_cut_short_by_an_interrupt_takes_no_chunk_it_does_not_train(runti
 
 def test_orbits_step_count_warning_does_not_reach_the_log(caplog):
   from absl import logging  # pylint: disable=import-outside-toplevel
-  with caplog.at_level("WARNING"), chief._orbit_step_warning_dropped():
+  with caplog.at_level("WARNING"), coordinator_run._orbit_step_warning_dropped():
     logging.warning("`trainer.train(100)` did not update `global_step` by 100. Old value ...")
     logging.warning("another warning")
   assert "did not update" not in caplog.text and "another warning" in caplog.text

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from tfps.base import errors
 from tfps.recovery import events
 from tfps.recovery import policy
 
@@ -25,31 +26,77 @@ Action = policy.Action
     (Kind.BAD_CHECKPOINT, Action.GIVE_UP),
 ])
 def test_failure_matrix(kind, action):
-  assert policy.RestartPolicy().decide(kind, restart_times=[], now=0.0).action == action
+  decision = policy.RestartPolicy().decide(kind, policy.RestartHistory(), now=0.0)
+  assert decision.action == action
+  # Only a decision that ends the run carries an exit code.
+  assert (decision.exit_code is not None) == (action == Action.GIVE_UP)
 
 
-def test_permanent_failures_are_never_retried_even_with_budget_left():
-  decision = policy.RestartPolicy(max_restarts=100).decide(Kind.NAN_LOSS, [], 0.0)
+def history(*restarts, progress_at=float("-inf")):
+  return policy.RestartHistory(tuple(restarts), progress_at)
+
+
+@pytest.mark.parametrize("kind, exit_code", [
+    (Kind.BAD_CONFIG, errors.ExitCode.USAGE), (Kind.USER_ERROR, errors.ExitCode.PERMANENT),
+    (Kind.NAN_LOSS, errors.ExitCode.PERMANENT), (Kind.BAD_CHECKPOINT, errors.ExitCode.PERMANENT)])
+def test_permanent_failures_are_never_retried_even_with_budget_left(kind, exit_code):
+  decision = policy.RestartPolicy(max_restarts=100).decide(kind, history(), 0.0)
   assert decision.action == Action.GIVE_UP and "permanent" in decision.reason
+  assert decision.exit_code == exit_code
 
 
 def test_restart_budget_stops_a_crash_loop():
   rule = policy.RestartPolicy(max_restarts=3, window_seconds=60)
-  assert rule.decide(Kind.PS_LOST, [10, 20], now=30).action == Action.WAIT_AND_RESTART
-  decision = rule.decide(Kind.PS_LOST, [10, 20, 25], now=30)
-  assert decision.action == Action.GIVE_UP
+  assert rule.decide(Kind.PS_LOST, history(10, 20), now=30).action == Action.WAIT_AND_RESTART
+  decision = rule.decide(Kind.PS_LOST, history(10, 20, 25), now=30)
+  assert decision.action == Action.GIVE_UP and decision.exit_code == errors.ExitCode.PERMANENT
   assert "3 restarts in the last 60s (max 3)" in decision.reason
 
 
 def test_old_restarts_fall_out_of_the_window():
   rule = policy.RestartPolicy(max_restarts=2, window_seconds=60)
-  assert rule.decide(Kind.PS_LOST, [0, 5], now=70).action == Action.WAIT_AND_RESTART
+  assert rule.decide(Kind.PS_LOST, history(0, 5), now=70).action == Action.WAIT_AND_RESTART
+
+
+def test_a_budget_over_the_whole_run_never_forgets():
+  rule = policy.RestartPolicy(max_restarts=2, window_seconds=float("inf"))
+  decision = rule.decide(Kind.CHIEF_LOST, history(0, 5), now=1e9)
+  assert decision.action == Action.GIVE_UP
+  assert decision.reason == "restart budget spent: 2 restarts (max 2)"
+
+
+def test_restarts_followed_by_progress_are_forgiven():
+  rule = policy.RestartPolicy(max_restarts=2, window_seconds=600)
+  spent = history(10, 20)
+  assert rule.decide(Kind.PS_LOST, spent, now=30).action == Action.GIVE_UP
+  forgiven = spent.progressed(25)
+  assert forgiven.unproductive == () and len(forgiven.restarts) == 2
+  assert rule.decide(Kind.PS_LOST, forgiven, now=30).action == Action.WAIT_AND_RESTART
+  again = forgiven.restarted(30).restarted(40)
+  assert again.unproductive == (30, 40)
+  assert rule.decide(Kind.PS_LOST, again, now=50).action == Action.GIVE_UP
 
 
 def test_budget_does_not_apply_to_actions_without_restart():
   rule = policy.RestartPolicy(max_restarts=0)
-  assert rule.decide(Kind.WORKER_LOST, [1, 2, 3], now=4).action == Action.CONTINUE
-  assert rule.decide(Kind.TASK_NOTICE, [1, 2, 3], now=4).action == Action.SAVE_NOW
+  assert rule.decide(Kind.WORKER_LOST, history(1, 2, 3), now=4).action == Action.CONTINUE
+  assert rule.decide(Kind.TASK_NOTICE, history(1, 2, 3), now=4).action == Action.SAVE_NOW
+
+
+@pytest.mark.parametrize("code, kind", [
+    (0, None), (2, Kind.BAD_CONFIG), (1, Kind.USER_ERROR), (3, Kind.USER_ERROR),
+    (170, Kind.PS_LOST), (-9, Kind.CHIEF_LOST), (143, Kind.CHIEF_LOST), (137, Kind.CHIEF_LOST),
+])
+def test_classify_exit(code, kind):
+  assert policy.classify_exit(code) == kind
+
+
+@pytest.mark.parametrize("code, reported, kind", [
+    (1, "nan_loss", Kind.NAN_LOSS), (1, "bad_checkpoint", Kind.BAD_CHECKPOINT),
+    (1, "ps_lost", Kind.USER_ERROR),  # A report never turns exit 1 into a restart.
+    (170, "bad_checkpoint", Kind.PS_LOST), (2, "nan_loss", Kind.BAD_CONFIG)])
+def test_an_exit_report_refines_only_a_permanent_exit(code, reported, kind):
+  assert policy.classify_exit(code, reported) == kind
 
 
 @pytest.mark.parametrize("kwargs, message", [

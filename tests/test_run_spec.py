@@ -170,7 +170,7 @@ def test_chief_config_carries_the_coordinators_settings():
       {"chief": ["h:1"], "ps": ["h:2"], "worker": ["h:3", "h:4"]})
   spec = run_spec.RunSpec(model_dir="/m", train_steps=None, train_epochs=2, input_shards=5,
                           ps_timeout=0.0, min_shard_bytes=0, exclude_workers=("worker:0",))
-  config = spec.chief_config(cluster)
+  config = spec.coordinator_config(cluster)
   assert (config.train_steps, config.train_epochs, config.input_shards) == (None, 2, 5)
   assert config.ps_timeout is None and config.min_shard_bytes is None  # 0: off, as the flags.
   assert config.cluster.addresses(spec_lib.JobType.WORKER) == ("h:4",)
@@ -182,7 +182,7 @@ def _chief_result(**overrides):
                 steps_per_sec=0.5, train_seconds=2.0, eval={"auc": 0.8}, checkpoint=None,
                 model_dir="/m", input={"positioned": True})
   values.update(overrides)
-  return api.ChiefResult(**values)
+  return api.CoordinatorResult(**values)
 
 
 def test_result_records_round_trip_through_their_files(tmp_path):

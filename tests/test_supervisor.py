@@ -36,13 +36,20 @@ sys.exit(int(code))
 
 
 class Harness:
-  """Starts the planned children; counts cluster waits."""
+  """The supervisor's launcher and cluster: starts the planned children,
+  counts cluster waits; every probe answers `up`."""
 
-  def __init__(self, plan, cluster_up=True):
+  def __init__(self, plan, cluster_up=True, trained=lambda: False, idle=lambda: None,
+               up=frozenset(), ps_addresses=None):
     self.plan = list(plan)
     self.cluster_up = cluster_up
     self.started = []
     self.cluster_waits = 0
+    self.trained, self.idle = trained, idle
+    self.up = up
+    self.ps_addresses = ps_addresses or {}
+    self.report = None
+    self.closed = False
 
   def start(self, attempt, excluded=frozenset()):
     assert attempt == len(self.started)
@@ -52,38 +59,37 @@ class Harness:
     self.started.append(process)
     return process
 
-  def wait_for_cluster(self, seconds):
+  def exit_report(self):
+    return self.report() if self.report else None
+
+  def close(self):
+    self.closed = True
+
+  def reachable(self):
+    return set(self.up() if callable(self.up) else self.up)
+
+  def wait_until_reachable(self, seconds, excluded):
     self.cluster_waits += 1
     if not self.cluster_up:
       raise errors.RetryableError(f"tasks still unreachable after {seconds:.1f}s: ps:0")
 
 
-def run(harness, tmp_path, stop=None, trained=lambda: False, on_poll=lambda: None, **config):
+def supervise(harness, tmp_path, stop=None, watch=None, clock=None, **config):
   log = events.EventLog(str(tmp_path))
   result = supervisor.Supervisor(
-      supervisor.SupervisorConfig(**config), start_coordinator=harness.start,
-      wait_for_cluster=harness.wait_for_cluster, event_log=log,
-      stop=stop or signals.StopSignals(), trained=trained, on_poll=on_poll).run()
+      supervisor.SupervisorConfig(**config), launcher=harness, cluster=harness, event_log=log,
+      stop=stop or signals.StopSignals(), watch=watch,
+      **({"clock": clock} if clock else {})).run()
+  assert harness.closed  # The launcher's standby goes with the supervisor.
+  return result, log
+
+
+def run(harness, tmp_path, stop=None, **config):
+  result, log = supervise(harness, tmp_path, stop=stop, **config)
   for process in harness.started:
     assert process.poll() is not None
     process.stdout.close()
   return result, log.read()
-
-
-@pytest.mark.parametrize("code, kind", [
-    (0, None), (2, Kind.BAD_CONFIG), (1, Kind.USER_ERROR), (3, Kind.USER_ERROR),
-    (170, Kind.PS_LOST), (-9, Kind.CHIEF_LOST), (143, Kind.CHIEF_LOST), (137, Kind.CHIEF_LOST),
-])
-def test_classify_exit(code, kind):
-  assert supervisor.classify_exit(code) == kind
-
-
-@pytest.mark.parametrize("code, reported, kind", [
-    (1, "nan_loss", Kind.NAN_LOSS), (1, "bad_checkpoint", Kind.BAD_CHECKPOINT),
-    (1, "ps_lost", Kind.USER_ERROR),  # A report never turns exit 1 into a restart.
-    (170, "bad_checkpoint", Kind.PS_LOST), (2, "nan_loss", Kind.BAD_CONFIG)])
-def test_an_exit_report_refines_only_a_permanent_exit(code, reported, kind):
-  assert supervisor.classify_exit(code, reported) == kind
 
 
 def test_ps_loss_restarts_the_coordinator_after_the_cluster_is_back(tmp_path):
@@ -112,17 +118,16 @@ def test_the_coordinators_exit_report_names_the_permanent_failure(tmp_path):
   reporter = ("import sys; from tfps.recovery import exit_report; "
               "exit_report.write('nan_loss', 'loss is nan at step 7'); sys.exit(1)")
   started = []
+  harness = Harness([])
 
   def start(attempt, excluded=frozenset()):
     started.append(subprocess.Popen([sys.executable, "-c", reporter],
                                     env={**os.environ, exit_report.ENV_VAR: report_path}))
     return started[-1]
 
-  log = events.EventLog(str(tmp_path))
-  result = supervisor.Supervisor(
-      supervisor.SupervisorConfig(), start_coordinator=start,
-      wait_for_cluster=lambda seconds: None, event_log=log, stop=signals.StopSignals(),
-      exit_report=lambda: exit_report.take(report_path)).run()
+  harness.start = start
+  harness.report = lambda: exit_report.take(report_path)
+  result, log = supervise(harness, tmp_path)
   assert result.exit_code == errors.ExitCode.PERMANENT and len(started) == 1
   failure, action = log.read()
   assert failure.failure == Kind.NAN_LOSS.value
@@ -134,9 +139,8 @@ def test_the_coordinators_exit_report_names_the_permanent_failure(tmp_path):
 def test_restarts_followed_by_training_do_not_spend_the_budget(tmp_path):
   # Five ps losses in a row, each coordinator having trained before it went:
   # a burst of real faults, not a crash loop.
-  harness = Harness([170] * 5 + [0])
-  result, _ = run(harness, tmp_path, trained=lambda: True,
-                  policy=policy.RestartPolicy(max_restarts=2, window_seconds=600))
+  harness = Harness([170] * 5 + [0], trained=lambda: True)
+  result, _ = run(harness, tmp_path, policy=policy.RestartPolicy(max_restarts=2, window_seconds=600))
   assert result.exit_code == errors.ExitCode.OK and result.restarts == 5
 
 
@@ -167,17 +171,17 @@ def test_sigterm_is_passed_on_and_not_restarted(tmp_path):
   assert len(harness.started) == 1 and log == []
 
 
-def test_on_poll_runs_while_the_coordinator_runs_and_not_once_it_is_stopping(tmp_path):
-  harness = Harness(["wait", 0])
+def test_the_launcher_idles_while_the_coordinator_runs_and_not_once_it_is_stopping(tmp_path):
   stop = signals.StopSignals()
   polls = []
 
-  def on_poll():  # Where the chief prepares its warm standby.
+  def idle():  # Where the chief prepares its warm standby.
     polls.append(stop.requested)
 
+  harness = Harness(["wait", 0], idle=idle)
   # The stop arrives between two polls, as a signal would.
   threading.Timer(1.2, stop._handle, args=(signal.SIGTERM, None)).start()
-  result, _ = run(harness, tmp_path, stop=stop, on_poll=on_poll)
+  result, _ = run(harness, tmp_path, stop=stop)
   assert result.exit_code == errors.ExitCode.PREEMPTED
   assert polls and not any(polls)  # None once the stop was there to pass on.
 
@@ -198,12 +202,14 @@ waiting_on_the_network()
 def test_a_coordinator_past_the_ps_deadline_is_killed_after_its_stacks_as_a_ps_loss(tmp_path):
   from tfps.cluster import spec as spec_lib
   ps0 = spec_lib.TaskId(spec_lib.JobType.PS, 0)
-  harness = Harness([None, 0])
+  # ps:0 never answers the first one.
+  harness = Harness([None, 0], ps_addresses={ps0: "10.0.0.3:2222"})
   stderr_path = tmp_path / "stuck.stderr"
+  start_planned = harness.start
 
   def start(attempt, excluded):
     if attempt > 0:
-      return harness.start(attempt)
+      return start_planned(attempt)
     with open(stderr_path, "w") as err:
       process = subprocess.Popen([sys.executable, "-c", STUCK], stdout=subprocess.PIPE,
                                  stderr=err, text=True)
@@ -211,13 +217,10 @@ def test_a_coordinator_past_the_ps_deadline_is_killed_after_its_stacks_as_a_ps_l
     harness.started.append(process)
     return process
 
+  harness.start = start
   ticks = iter(range(10_000))
-  log = events.EventLog(str(tmp_path))
-  result = supervisor.Supervisor(
-      supervisor.SupervisorConfig(probe_seconds=1.0, ps_deadline_seconds=5.0),
-      start_coordinator=start, wait_for_cluster=harness.wait_for_cluster, event_log=log,
-      stop=signals.StopSignals(), probe_servers=set,  # ps:0 never answers the first one.
-      ps_addresses={ps0: "10.0.0.3:2222"}, clock=lambda: float(next(ticks))).run()
+  result, log = supervise(harness, tmp_path, probe_seconds=1.0, ps_deadline_seconds=5.0,
+                          clock=lambda: float(next(ticks)))
   assert result == supervisor.SupervisorResult(errors.ExitCode.OK, 1, "finished")
   assert harness.started[0].returncode == -signal.SIGKILL
   assert "in waiting_on_the_network" in stderr_path.read_text()  # Its stacks, first.
@@ -236,7 +239,6 @@ def test_a_coordinator_past_the_ps_deadline_is_killed_after_its_stacks_as_a_ps_l
 def test_a_ps_that_answers_again_in_time_is_not_a_loss(tmp_path):
   from tfps.cluster import spec as spec_lib
   ps0 = spec_lib.TaskId(spec_lib.JobType.PS, 0)
-  harness = Harness(["wait", 0])
   answers = iter([set(), set(), {ps0}, set(), set(), {ps0}])  # Blips, never 5 s long.
   stop = signals.StopSignals()
 
@@ -247,13 +249,10 @@ def test_a_ps_that_answers_again_in_time_is_not_a_loss(tmp_path):
       return {ps0}
     return reachable
 
+  harness = Harness(["wait", 0], up=probe, ps_addresses={ps0: "10.0.0.3:2222"})
   ticks = iter(range(10_000))
-  log = events.EventLog(str(tmp_path))
-  result = supervisor.Supervisor(
-      supervisor.SupervisorConfig(probe_seconds=1.0, ps_deadline_seconds=5.0),
-      start_coordinator=harness.start, wait_for_cluster=harness.wait_for_cluster,
-      event_log=log, stop=stop, probe_servers=probe, ps_addresses={ps0: "10.0.0.3:2222"},
-      clock=lambda: float(next(ticks))).run()
+  result, log = supervise(harness, tmp_path, stop=stop, probe_seconds=1.0,
+                          ps_deadline_seconds=5.0, clock=lambda: float(next(ticks)))
   assert result.exit_code == errors.ExitCode.PREEMPTED
   assert harness.started[0].returncode == 143 and log.read() == []
   harness.started[0].stdout.close()
@@ -263,26 +262,23 @@ def test_worker_gone_then_back_restarts_the_coordinator_without_then_with_it(tmp
   from tfps.cluster import spec as spec_lib
   from tfps.recovery import worker_watch
   w0, w1 = (spec_lib.TaskId(spec_lib.JobType.WORKER, i) for i in range(2))
-  harness = Harness(["wait", "wait", 0])
   exclusions = []
   up = {w0}  # worker:1 is down until the coordinator has been restarted without it.
+  harness = Harness(["wait", "wait", 0], up=lambda: up)
+  start_planned = harness.start
 
   def start(attempt, excluded):
     exclusions.append(set(excluded))
     if attempt == 1:
       up.add(w1)  # ...then it returns.
-    return harness.start(attempt)
+    return start_planned(attempt)
 
+  harness.start = start
   ticks = iter(range(10_000))
-  log = events.EventLog(str(tmp_path))
-  sup = supervisor.Supervisor(
-      supervisor.SupervisorConfig(probe_seconds=1.0),
-      start_coordinator=start, wait_for_cluster=harness.wait_for_cluster,
-      event_log=log, stop=signals.StopSignals(),
+  result, log = supervise(
+      harness, tmp_path, probe_seconds=1.0, clock=lambda: float(next(ticks)),
       watch=worker_watch.WorkerWatch([w0, w1], worker_watch.WorkerWatchConfig(
-          timeout=3.0, readmit_after=2.0)),
-      probe_servers=lambda: set(up), clock=lambda: float(next(ticks)))
-  result = sup.run()
+          timeout=3.0, readmit_after=2.0)))
   assert result.exit_code == errors.ExitCode.OK
   assert exclusions == [set(), {w1}, set()]
   assert [p.returncode for p in harness.started] == [143, 143, 0]  # Asked to save and stop.
@@ -293,6 +289,17 @@ def test_worker_gone_then_back_restarts_the_coordinator_without_then_with_it(tmp
              if e.worker_change is not None]
   assert changes == [("worker:1", "gone", ("worker:1",)), ("worker:1", "back", ())]
   assert harness.cluster_waits == 0
+
+
+def test_a_launcher_is_closed_even_when_starting_a_coordinator_raises(tmp_path):
+  harness = Harness([])
+
+  def start(attempt, excluded):
+    raise OSError("no such file: python")
+
+  harness.start = start
+  with pytest.raises(OSError):
+    supervise(harness, tmp_path)
 
 
 def test_a_missing_or_garbled_exit_report_says_nothing(tmp_path):

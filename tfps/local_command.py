@@ -68,7 +68,7 @@ def check_spec(spec: run_spec.RunSpec, cluster: local.LocalCluster) -> None:
   The chief would find the same only once the cluster is up and it has
   imported TensorFlow, seconds to minutes later.
   """
-  spec.chief_config(cluster.spec.for_coordinator())
+  spec.coordinator_config(cluster.spec.for_coordinator())
   run_command.supervision(spec)
   api.check_experiment_findable(spec.experiment, spec.experiment_params)
   check_experiment_loads(spec.experiment)

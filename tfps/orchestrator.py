@@ -4,12 +4,17 @@
 a ps or worker that exits is started again at the same address (unless the
 chaos schedule holds it down); a chief that exits with a retryable code
 (>= 128, or killed by a signal) is started again within a restart budget; a
-permanent exit (1, 2) ends the run with that code. `poll` does one round and
-never blocks, so callers interleave their own work (fault injection).
+permanent exit (1, 2) ends the run with that code. Which is which, and when
+the budget is spent, is the same pure policy the chief's supervisor asks
+(`recovery.policy`); here the budget counts every chief restart of the run.
+`poll` does one round and never blocks, so callers interleave their own work
+(fault injection).
 """
 
 import dataclasses
+import math
 import signal
+import time
 
 from absl import logging
 
@@ -17,6 +22,7 @@ from tfps.cluster import local
 from tfps.cluster import spec as spec_lib
 from tfps.base import errors
 from tfps.base import signals
+from tfps.recovery import policy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,10 +40,10 @@ class Orchestrator:
     self.cluster = cluster
     self.chief = chief
     self._stop = stop
-    self._max_restarts = max_restarts
+    self._policy = policy.RestartPolicy(max_restarts=max_restarts, window_seconds=math.inf)
+    self._history = policy.RestartHistory()
     self._chief_stop_grace = chief_stop_grace
     self.held: set[spec_lib.TaskId] = set()  # Down on purpose: not restarted.
-    self.chief_restarts = 0
     self.task_restarts = 0
 
   def start(self) -> None:
@@ -57,23 +63,24 @@ class Orchestrator:
     code = self.chief.returncode
     if code is None or self.chief.task in self.held:
       return None
-    if code == 0:
+    kind = policy.classify_exit(code)
+    if kind is None:
       return Outcome(errors.ExitCode.OK, "finished")
-    if 0 < code < 128:
-      logging.error("chief failed permanently (exit code %d); not restarting. Log: %s",
-                    code, self.chief.log_path)
-      return Outcome(errors.ExitCode.USAGE if code == 2 else errors.ExitCode.PERMANENT,
-                     f"chief exited with code {code}")
-    if self.chief_restarts >= self._max_restarts:
-      reason = (f"chief exited with code {code} and the restart budget "
-                f"({self._max_restarts}) is spent")
-      logging.error("%s", reason)
-      return Outcome(errors.ExitCode.PERMANENT, reason)
-    self.chief_restarts += 1
+    now = time.monotonic()
+    decision = self._policy.decide(kind, self._history, now)
+    if decision.action == policy.Action.GIVE_UP:
+      reason = f"chief exited with code {code}: {decision.reason}"
+      logging.error("%s; not restarting. Log: %s", reason, self.chief.log_path)
+      return Outcome(decision.exit_code, reason)
+    self._history = self._history.restarted(now)
     logging.warning("chief exited with retryable code %d; restart %d of %d",
-                    code, self.chief_restarts, self._max_restarts)
+                    code, self.chief_restarts, self._policy.max_restarts)
     self.chief.start()
     return None
+
+  @property
+  def chief_restarts(self) -> int:
+    return len(self._history.restarts)
 
   def _stop_chief(self) -> Outcome:
     name = signal.Signals(self._stop.signum).name

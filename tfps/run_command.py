@@ -106,7 +106,7 @@ def run(flags) -> errors.ExitCode:
 
 def _stand_by(stop) -> standby.Go | None:
   """A warm standby: imports what a coordinator needs, then waits for its turn."""
-  importlib.import_module("tfps.coordinator.chief")  # TensorFlow, tf_keras, Orbit: seconds.
+  importlib.import_module("tfps.coordinator.run")  # TensorFlow, tf_keras, Orbit: seconds.
   logging.info("warm standby coordinator ready (pid %d)", os.getpid())
   return standby.wait_for_go(stop, sys.stdin)
 
@@ -165,97 +165,101 @@ def supervision(spec: run_spec.RunSpec
           worker_watch.WorkerWatchConfig(timeout=spec.worker_timeout))
 
 
-class _CoordinatorProgress:
-  """Whether the running coordinator has ended a train loop (from the progress log)."""
+class _CoordinatorLauncher:
+  """The chief's coordinators (`supervisor.CoordinatorLauncher`).
 
-  def __init__(self, model_dir: str):
-    self._log = progress_log.ProgressLog(model_dir)
-    self._trained = False
+  Each coordinator is `tfps run --nosupervise` with the run spec in a file
+  (its left-out workers written in), the cluster in TF_CONFIG, an exit
+  report and a result file in the chief's scratch directory. Whether it
+  trained is read from the progress log; once it has, the next coordinator
+  is started and imported ahead of need (`standby.WarmCoordinators`).
+  """
 
-  def restart(self) -> None:
-    """A new coordinator starts: only what it does from here on counts."""
-    self._log.read_new()
+  def __init__(self, config: spec_lib.TaskConfig, spec: run_spec.RunSpec, scratch: str):
+    self.report_path = os.path.join(scratch, "coordinator.exit.json")
+    self.result_path = os.path.join(scratch, "coordinator.result.json")
+    self._spec, self._scratch = spec, scratch
+    self._spec_files = itertools.count(1)
+    self._progress = progress_log.ProgressLog(spec.model_dir)
     self._trained = False
+    self._coordinators = standby.WarmCoordinators(
+        self._command,
+        env={**os.environ, exit_report.ENV_VAR: self.report_path,
+             "TF_CONFIG": config.to_tf_config()},
+        stdout_dir=scratch, warm=spec.warm_standby)
+
+  def _command(self, excluded: tuple[str, ...]) -> list[str]:
+    path = os.path.join(self._scratch, f"run_spec-{next(self._spec_files)}.json")
+    run_spec.write(dataclasses.replace(self._spec, exclude_workers=excluded), path)
+    return [sys.executable, "-m", "tfps", "run", "--nosupervise", f"--run_spec={path}",
+            f"--result_file={self.result_path}"]
+
+  def start(self, attempt: int, excluded: frozenset) -> subprocess.Popen:
+    self._progress.read_new()  # Only what the new coordinator does counts.
+    self._trained = False
+    process, warm = self._coordinators.start([str(t) for t in excluded])
+    logging.info("starting coordinator (attempt %d%s)%s", attempt + 1,
+                 ", warm standby" if warm else "",
+                 f" without {', '.join(sorted(map(str, excluded)))}" if excluded else "")
+    return process
 
   def trained(self) -> bool:
     if not self._trained:
-      self._trained = any(not record.restored for record in self._log.read_new())
+      self._trained = any(not record.restored for record in self._progress.read_new())
     return self._trained
+
+  def idle(self) -> None:
+    if self.trained():  # Only once this one trains: never slow down a start.
+      self._coordinators.prepare()
+
+  def exit_report(self) -> exit_report.ExitReport | None:
+    return exit_report.take(self.report_path)
+
+  def close(self) -> None:
+    self._coordinators.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class _ClusterProbes:
+  """The chief's view of its ps and workers (`supervisor.ClusterProbes`)."""
+
+  cluster: spec_lib.ClusterSpec
+  servers: tuple[spec_lib.TaskId, ...]
+
+  @property
+  def ps_addresses(self) -> dict:
+    return {t: self.cluster.address(t) for t in self.servers if t.job == spec_lib.JobType.PS}
+
+  def reachable(self) -> set:
+    return readiness.reachable(self.cluster, self.servers, _PROBE_SECONDS)
+
+  def wait_until_reachable(self, seconds: float, excluded: frozenset) -> None:
+    readiness.wait_until_reachable(self.cluster, seconds,
+                                   tasks=[t for t in self.servers if t not in excluded])
 
 
 def _supervise_chief(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, *,
                      result_file: str | None) -> errors.ExitCode:
-  """The chief as a supervisor of coordinator processes (recovery.supervisor).
-
-  Each coordinator is `tfps run --nosupervise` with the run spec in a file
-  (its left-out workers written in), the cluster in TF_CONFIG, and a result
-  file this supervisor reads when it finishes.
-  """
+  """The chief as a supervisor of coordinator processes (recovery.supervisor)."""
   supervisor_config, watch_config = supervision(spec)
-  model_dir = ensure_model_dir(spec.model_dir)
+  spec = dataclasses.replace(spec, model_dir=ensure_model_dir(spec.model_dir))
   api.check_experiment_findable(spec.experiment, spec.experiment_params)
-  servers = [t for t in config.cluster.for_coordinator().tasks()
-             if t.job != spec_lib.JobType.CHIEF]
-  event_log = events.EventLog(model_dir)
+  probes = _ClusterProbes(config.cluster, tuple(
+      t for t in config.cluster.for_coordinator().tasks() if t.job != spec_lib.JobType.CHIEF))
+  workers = [t for t in probes.servers if t.job == spec_lib.JobType.WORKER]
+  event_log = events.EventLog(spec.model_dir)
   # Removed when the chief ends, or by the next chief's sweep if it is killed.
   with scratch_lib.ScratchDir("tfps-chief-") as scratch:
-    report_path = os.path.join(scratch, "coordinator.exit.json")
-    result_path = os.path.join(scratch, "coordinator.result.json")
-    spec_files = itertools.count(1)
-
-    def coordinator_command(excluded: tuple[str, ...]) -> list[str]:
-      path = os.path.join(scratch, f"run_spec-{next(spec_files)}.json")
-      run_spec.write(dataclasses.replace(spec, model_dir=model_dir, exclude_workers=excluded),
-                     path)
-      return [sys.executable, "-m", "tfps", "run", "--nosupervise", f"--run_spec={path}",
-              f"--result_file={result_path}"]
-
-    coordinators = standby.WarmCoordinators(
-        coordinator_command,
-        env={**os.environ, exit_report.ENV_VAR: report_path,
-             "TF_CONFIG": config.to_tf_config()},
-        stdout_dir=scratch, warm=spec.warm_standby)
-
-    current = _CoordinatorProgress(model_dir)
-
-    def start_coordinator(attempt: int, excluded: frozenset) -> subprocess.Popen:
-      current.restart()
-      process, warm = coordinators.start([str(t) for t in excluded])
-      logging.info("starting coordinator (attempt %d%s)%s", attempt + 1,
-                   ", warm standby" if warm else "",
-                   f" without {', '.join(sorted(map(str, excluded)))}" if excluded else "")
-      return process
-
-    def prepare_next() -> None:
-      if current.trained():  # Only once this one trains: never slow down a start.
-        coordinators.prepare()
-
-    def wait_for_cluster(seconds: float) -> None:
-      # Left-out workers are not waited for: the watch takes them back.
-      readiness.wait_until_reachable(config.cluster, seconds, tasks=[
-          t for t in servers if t not in sup.excluded])
-
-    workers = [t for t in servers if t.job == spec_lib.JobType.WORKER]
-    ps = [t for t in servers if t.job == spec_lib.JobType.PS]
-
-    sup = supervisor.Supervisor(
-        supervisor_config,
-        start_coordinator=start_coordinator, wait_for_cluster=wait_for_cluster,
-        event_log=event_log, stop=stop,
+    launcher = _CoordinatorLauncher(config, spec, scratch)
+    result = supervisor.Supervisor(
+        supervisor_config, launcher=launcher, cluster=probes, event_log=event_log, stop=stop,
         # The ps are probed too: a chief that sees no ps is itself cut off,
         # and then no worker is to blame (see worker_watch).
-        watch=worker_watch.WorkerWatch(workers, watch_config, anchors=ps),
-        probe_servers=lambda: readiness.reachable(config.cluster, servers, _PROBE_SECONDS),
-        ps_addresses={t: config.cluster.address(t) for t in ps},
-        exit_report=lambda: exit_report.take(report_path), trained=current.trained,
-        on_poll=prepare_next)
-    try:
-      result = sup.run()
-    finally:
-      coordinators.close()
+        watch=worker_watch.WorkerWatch(workers, watch_config, anchors=list(probes.ps_addresses)),
+    ).run()
     if result.exit_code != errors.ExitCode.OK:
       return result.exit_code
-    finished = run_result.read_coordinator(result_path)
+    finished = run_result.read_coordinator(launcher.result_path)
   counts = events.summarize(event_log.read())
   record = run_result.RunResult(
       coordinator=finished, faults=counts["faults"], restarts=counts["restarts"],
@@ -263,7 +267,7 @@ def _supervise_chief(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, 
       # The input over the whole run (every coordinator), replayed from the
       # progress log: what the last coordinator knows plus the accounting.
       input={**finished.input, **coverage.account(
-          progress_log.ProgressLog(model_dir).read_new()).as_dict(spec.global_batch_size)})
+          progress_log.ProgressLog(spec.model_dir).read_new()).as_dict(spec.global_batch_size)})
   if result_file:
     run_result.write(record, result_file)
   sys.stdout.write(json.dumps(record.as_dict()) + "\n")
@@ -286,11 +290,11 @@ def ensure_model_dir(model_dir: str | None) -> str:
 
 def _run_chief(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, *,
                result_file: str | None) -> errors.ExitCode:
-  settings = spec.chief_config(config.cluster.for_coordinator())  # Before TF loads.
+  settings = spec.coordinator_config(config.cluster.for_coordinator())  # Before TF loads.
   api.check_experiment_findable(spec.experiment, spec.experiment_params)
-  from tfps.coordinator import chief  # Imports TensorFlow (seconds).
+  from tfps.coordinator import run as coordinator_run  # Imports TensorFlow (seconds).
 
-  result = chief.run_chief(settings, interrupts=interrupts.Interrupts(stop))
+  result = coordinator_run.run_coordinator(settings, interrupts=interrupts.Interrupts(stop))
   if result_file:  # The supervisor's (run_result); else a person's.
     run_result.write_coordinator(result, result_file)
   else:

@@ -2,7 +2,7 @@
 
 Each process that starts another names the file its result goes to
 (`tfps run --result_file=PATH`): the supervisor its coordinator (which writes
-an `api.ChiefResult`), `tfps local` its chief (which writes a `RunResult`:
+an `api.CoordinatorResult`), `tfps local` its chief (which writes a `RunResult`:
 the last coordinator's record and what happened around it). Only the
 outermost command prints the result, as one JSON line on stdout
 (`RunResult.as_dict`). A file is written whole or not at all, and only by a
@@ -31,7 +31,7 @@ class RunResult:
     task_restarts: ps/worker restarts by `tfps local`; None elsewhere.
   """
 
-  coordinator: api.ChiefResult
+  coordinator: api.CoordinatorResult
   faults: int = 0
   restarts: int = 0
   steps_lost: int = 0
@@ -55,7 +55,7 @@ class RunResult:
 
   @classmethod
   def from_json(cls, raw: Mapping[str, Any]) -> "RunResult":
-    return cls(**{**raw, "coordinator": api.ChiefResult.from_dict(raw["coordinator"])})
+    return cls(**{**raw, "coordinator": api.CoordinatorResult.from_dict(raw["coordinator"])})
 
 
 def _read(path: str, what: str) -> Any:
@@ -68,13 +68,13 @@ def _read(path: str, what: str) -> Any:
     raise errors.PermanentError(f"the {what}'s result {path} is unreadable ({e})") from None
 
 
-def write_coordinator(result: api.ChiefResult, path: str) -> None:
+def write_coordinator(result: api.CoordinatorResult, path: str) -> None:
   run_spec.write_json(path, result.as_dict())
 
 
-def read_coordinator(path: str) -> api.ChiefResult:
+def read_coordinator(path: str) -> api.CoordinatorResult:
   try:
-    return api.ChiefResult.from_dict(_read(path, "coordinator"))
+    return api.CoordinatorResult.from_dict(_read(path, "coordinator"))
   except ValueError as e:
     raise errors.PermanentError(f"the coordinator's result {path}: {e}") from None
 

@@ -9,8 +9,8 @@ file) and to the Kubernetes renderer (`to_flags`, derived from the fields, so
 no setting can be left out of a manifest).
 
 Each field is named after its flag and holds the flag's value (e.g.
-`ps_timeout` 0 means no deadline, as on the command line); `chief_config`
-turns it into the coordinator's `ChiefConfig`. TensorFlow-free.
+`ps_timeout` 0 means no deadline, as on the command line); `coordinator_config`
+turns it into the coordinator's `CoordinatorConfig`. TensorFlow-free.
 """
 
 import dataclasses
@@ -37,7 +37,7 @@ class RunSpec:
     train_epochs, input_shards, steps_per_loop, steps_per_closure,
     checkpoint_interval, max_to_keep, eval_steps, eval_interval, eval_shards,
     global_batch_size, seed, ready_timeout, min_shard_bytes (0: never
-    split), ps_timeout (0: no deadline): the coordinator's (`ChiefConfig`).
+    split), ps_timeout (0: no deadline): the coordinator's (`CoordinatorConfig`).
       Exactly one of train_steps and train_epochs is set.
     max_restarts, restart_window, cluster_wait_seconds, worker_timeout,
     grace_seconds, warm_standby: the chief's supervisor.
@@ -107,9 +107,9 @@ class RunSpec:
       if spec_lib.TaskId.parse(name).job != spec_lib.JobType.WORKER:
         raise errors.UsageError(f"exclude_workers ({name!r}) must name workers (worker:N)")
 
-  def chief_config(self, cluster: spec_lib.ClusterSpec) -> api.ChiefConfig:
+  def coordinator_config(self, cluster: spec_lib.ClusterSpec) -> api.CoordinatorConfig:
     """The coordinator's configuration on `cluster` (its left-out workers removed)."""
-    return api.ChiefConfig(
+    return api.CoordinatorConfig(
         cluster=cluster.without_workers(map(spec_lib.TaskId.parse, self.exclude_workers)),
         model_dir=self.model_dir,
         **{name: getattr(self, name) for name in _CHIEF_FIELDS},

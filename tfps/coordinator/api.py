@@ -1,11 +1,11 @@
-"""The chief's value types: its configuration, its result, their enums.
+"""The coordinator's value types: its configuration, its result, their enums.
 
-`ChiefConfig` is validated at construction (errors name the field and the
-value, UsageError); `ChiefResult.as_dict()` is the one JSON line the command
-line prints. `coordinator.chief` re-exports all four.
+`CoordinatorConfig` is validated at construction (errors name the field and the
+value, UsageError); `CoordinatorResult.as_dict()` is the one JSON line the command
+line prints. `coordinator.run` re-exports all four.
 
 Nothing here imports TensorFlow: the command line validates a chief's flags
-with `ChiefConfig` before it starts any process (`tfps local`).
+with `CoordinatorConfig` before it starts any process (`tfps local`).
 """
 
 import dataclasses
@@ -23,7 +23,7 @@ from tfps.base import messages
 # least this size (why this size: `coordinator.strategy`, which re-exports it).
 DEFAULT_MIN_SHARD_BYTES = 64 << 20
 
-# ChiefConfig's train_steps when neither it nor train_epochs is given.
+# CoordinatorConfig's train_steps when neither it nor train_epochs is given.
 DEFAULT_TRAIN_STEPS = 1000
 
 # The built-in experiments, by name: the factory each stands for.
@@ -131,7 +131,7 @@ class Mode(str, enum.Enum):
 
 
 class RunStatus(str, enum.Enum):
-  """How a chief run ended. Only FINISHED so far; recovery adds more."""
+  """How a coordinator run ended. Only FINISHED so far; recovery adds more."""
 
   FINISHED = "finished"
 
@@ -145,11 +145,11 @@ def _positive_int(name: str, value: Any) -> None:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ChiefConfig:
-  """Everything the chief needs; validated at construction.
+class CoordinatorConfig:
+  """Everything the coordinator needs; validated at construction.
 
   Attributes:
-    cluster: the cluster (evaluators are ignored by the chief).
+    cluster: the cluster (evaluators are ignored by the coordinator).
     model_dir: checkpoints, summaries; created if missing.
     experiment: a built-in name (`ctr`) or `package.module:factory`.
     experiment_params: experiment-specific `key=value` settings.
@@ -244,8 +244,8 @@ class ChiefConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class ChiefResult:
-  """The outcome of `run_chief`; `as_dict()` is the JSON line of the CLI.
+class CoordinatorResult:
+  """The outcome of `run_coordinator`; `as_dict()` is the JSON line of the CLI.
 
   Attributes:
     status: how the run ended.
@@ -284,7 +284,7 @@ class ChiefResult:
     return d
 
   @classmethod
-  def from_dict(cls, raw: Mapping[str, Any]) -> "ChiefResult":
+  def from_dict(cls, raw: Mapping[str, Any]) -> "CoordinatorResult":
     """The record `as_dict` wrote (the coordinator's result file, read by its supervisor).
 
     Raises:

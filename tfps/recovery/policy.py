@@ -23,16 +23,21 @@ The failure matrix (docs/recovery.md) as decisions:
   BAD_CHECKPOINT        GIVE_UP                 permanent: a retry fails the same way
 
 Restarts are budgeted: more than `max_restarts` within `window_seconds`
-is a crash loop, and the answer becomes GIVE_UP with the reason. The caller
-passes only the restarts that were not followed by progress (the supervisor
-forgives earlier restarts once a coordinator completes a train loop), so a
+is a crash loop, and the answer becomes GIVE_UP with the reason. The budget
+counts only restarts that were not followed by progress (`RestartHistory`
+forgets earlier restarts once a coordinator completes a train loop), so a
 burst of real faults is recovered from and a coordinator that keeps dying
-before it trains is stopped.
+before it trains is stopped. A decision that ends the run carries the exit
+code to end it with; `classify_exit` reads a coordinator's (or a chief's)
+exit code as a failure kind, so the supervisor and `tfps local`'s
+orchestrator decide with the same rules.
 """
 
 import dataclasses
 import enum
-from typing import Sequence
+import math
+
+from tfps.base import errors
 
 
 class FailureKind(str, enum.Enum):
@@ -81,10 +86,61 @@ _ACTIONS = {
 }
 
 
+def classify_exit(code: int, reported: str | None = None) -> FailureKind | None:
+  """The failure a coordinator's exit code means; None when it finished.
+
+  `reported` is the kind the coordinator wrote in its exit report; it only
+  refines a permanent exit (1) and never turns a code into another action.
+  """
+  if code == errors.ExitCode.OK:
+    return None
+  if code == errors.ExitCode.PERMANENT and reported in _PERMANENT_REPORTS:
+    return FailureKind(reported)
+  if code == errors.ExitCode.USAGE:
+    return FailureKind.BAD_CONFIG
+  if code == errors.ExitCode.CLUSTER_LOST:
+    return FailureKind.PS_LOST
+  if code < 0 or code >= 128:
+    # Killed (OOM killer, SIGKILL) or stopped by a signal we did not send.
+    return FailureKind.CHIEF_LOST
+  return FailureKind.USER_ERROR
+
+
+_PERMANENT_REPORTS = frozenset(
+    k.value for k in (FailureKind.USER_ERROR, FailureKind.NAN_LOSS, FailureKind.BAD_CHECKPOINT))
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartHistory:
+  """The coordinator restarts so far, and when one last made progress.
+
+  Immutable: each change returns a new history, so a decision is a function
+  of values the caller can print and test.
+  """
+
+  restarts: tuple[float, ...] = ()
+  progress_at: float = -math.inf
+
+  def restarted(self, now: float) -> "RestartHistory":
+    return dataclasses.replace(self, restarts=self.restarts + (now,))
+
+  def progressed(self, now: float) -> "RestartHistory":
+    """A coordinator completed a train loop: earlier restarts are forgiven."""
+    return dataclasses.replace(self, progress_at=now)
+
+  @property
+  def unproductive(self) -> tuple[float, ...]:
+    """The restarts that count against the budget: those since the last progress."""
+    return tuple(t for t in self.restarts if t > self.progress_at)
+
+
 @dataclasses.dataclass(frozen=True)
 class Decision:
+  """What to do; `exit_code` is set when the action ends the run."""
+
   action: Action
   reason: str
+  exit_code: errors.ExitCode | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -93,7 +149,7 @@ class RestartPolicy:
 
   Attributes:
     max_restarts: coordinator restarts allowed within `window_seconds`.
-    window_seconds: the sliding window of the budget.
+    window_seconds: the sliding window of the budget (`math.inf`: the whole run).
   """
 
   max_restarts: int = 5
@@ -105,22 +161,26 @@ class RestartPolicy:
     if self.window_seconds <= 0:
       raise ValueError(f"window_seconds ({self.window_seconds}) must be positive")
 
-  def decide(self, kind: FailureKind, restart_times: Sequence[float], now: float) -> Decision:
+  def decide(self, kind: FailureKind, history: RestartHistory, now: float) -> Decision:
     """The action for a failure of `kind`.
 
     Args:
       kind: what failed.
-      restart_times: when earlier coordinator restarts happened (any clock,
-        the same one as `now`).
+      history: the earlier coordinator restarts (any clock, the same one as
+        `now`); only its unproductive restarts count.
       now: the current time.
     """
     if kind.permanent:
-      return Decision(Action.GIVE_UP, f"{kind.value} is permanent: a retry would fail the same way")
+      return Decision(Action.GIVE_UP, f"{kind.value} is permanent: a retry would fail the same way",
+                      errors.ExitCode.USAGE if kind == FailureKind.BAD_CONFIG
+                      else errors.ExitCode.PERMANENT)
     action = _ACTIONS[kind]
     if action.restarts_coordinator:
-      recent = [t for t in restart_times if now - t < self.window_seconds]
+      recent = [t for t in history.unproductive if now - t < self.window_seconds]
       if len(recent) >= self.max_restarts:
+        window = ("" if math.isinf(self.window_seconds)
+                  else f" in the last {self.window_seconds:.0f}s")
         return Decision(Action.GIVE_UP,
-                        f"restart budget spent: {len(recent)} restarts in the last "
-                        f"{self.window_seconds:.0f}s (max {self.max_restarts})")
+                        f"restart budget spent: {len(recent)} restarts{window} "
+                        f"(max {self.max_restarts})", errors.ExitCode.PERMANENT)
     return Decision(action, f"{kind.value} -> {action.value}")

@@ -44,7 +44,7 @@ import dataclasses
 import signal
 import subprocess
 import time
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Protocol
 
 from absl import logging
 
@@ -66,28 +66,41 @@ _POLL_SECONDS = 0.5
 _STACKS_SECONDS = 1.0
 
 
-def classify_exit(code: int, reported: str | None = None) -> Kind | None:
-  """The failure a coordinator exit code means; None when it finished.
+class CoordinatorLauncher(Protocol):
+  """How the supervisor starts coordinators and learns how each one ended."""
 
-  `reported` is the kind the coordinator wrote in its exit report; it only
-  refines a permanent exit (1) and never turns a code into another action.
-  """
-  if code == errors.ExitCode.OK:
-    return None
-  if code == errors.ExitCode.PERMANENT and reported in _PERMANENT_REPORTS:
-    return Kind(reported)
-  if code == errors.ExitCode.USAGE:
-    return Kind.BAD_CONFIG
-  if code == errors.ExitCode.CLUSTER_LOST:
-    return Kind.PS_LOST
-  if code < 0 or code >= 128:
-    # Killed (OOM killer, SIGKILL) or stopped by a signal we did not send.
-    return Kind.CHIEF_LOST
-  return Kind.USER_ERROR
+  def start(self, attempt: int, excluded: frozenset) -> subprocess.Popen:
+    """Starts coordinator number `attempt` (from 0) on the cluster less `excluded`."""
+
+  def idle(self) -> None:
+    """Called every poll while a coordinator runs and is not being stopped
+    (the chief prepares its warm standby here, `recovery.standby`)."""
+
+  def exit_report(self) -> exit_report_lib.ExitReport | None:
+    """What the coordinator that just exited said about why, if anything."""
+
+  def trained(self) -> bool:
+    """Whether the coordinator that just exited completed a train loop.
+
+    A crash loop is failing again and again *without progress*: restarts
+    followed by training do not spend the budget (`policy.RestartHistory`).
+    """
+
+  def close(self) -> None:
+    """Ends whatever the launcher keeps ready (a warm standby)."""
 
 
-_PERMANENT_REPORTS = frozenset(
-    k.value for k in (Kind.USER_ERROR, Kind.NAN_LOSS, Kind.BAD_CHECKPOINT))
+class ClusterProbes(Protocol):
+  """The ps and workers as the supervisor sees them: reachable or not."""
+
+  ps_addresses: Mapping[spec_lib.TaskId, str]  # Held to `ps_deadline_seconds`.
+
+  def reachable(self) -> set:
+    """The ps and workers that answer now (probed every `probe_seconds`)."""
+
+  def wait_until_reachable(self, seconds: float, excluded: frozenset) -> None:
+    """Blocks until every task but `excluded` answers; raises a
+    `RetryableError` after `seconds`."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -143,67 +156,45 @@ class SupervisorResult:
 class Supervisor:
   """Carries out the policy's decisions for one chief (see module docstring)."""
 
-  def __init__(self, config: SupervisorConfig, *,
-               start_coordinator: Callable[[int, frozenset], subprocess.Popen],
-               wait_for_cluster: Callable[[float], None],
-               event_log: events_lib.EventLog,
-               stop: signals.StopSignals,
-               watch: worker_watch.WorkerWatch | None = None,
-               probe_servers: Callable[[], set] | None = None,
-               ps_addresses: Mapping[spec_lib.TaskId, str] | None = None,
-               exit_report: Callable[[], exit_report_lib.ExitReport | None] = lambda: None,
-               trained: Callable[[], bool] = lambda: False,
-               on_poll: Callable[[], None] = lambda: None,
+  def __init__(self, config: SupervisorConfig, *, launcher: CoordinatorLauncher,
+               cluster: ClusterProbes, event_log: events_lib.EventLog,
+               stop: signals.StopSignals, watch: worker_watch.WorkerWatch | None = None,
                clock: Callable[[], float] = time.monotonic):
     """Args:
-      start_coordinator: starts the coordinator process, given the attempt
-        number and the workers to leave out of its cluster.
-      wait_for_cluster: blocks until every ps/worker answers, or raises a
-        `RetryableError` after the given number of seconds.
+      launcher: starts the coordinators, says how each ended.
+      cluster: probes the ps and workers, waits for them before a restart.
       event_log: where failures, actions and recoveries are recorded.
       stop: the supervisor's own stop signals, passed on to the coordinator.
-      watch, probe_servers: optional; every `probe_seconds` the reachable
-        ps and workers (`probe_servers()`) go to `watch`, which says when to
-        leave a worker out and when to take it back.
-      ps_addresses: the ps (with their addresses) held to
-        `ps_deadline_seconds`, judged from the same probes.
-      exit_report: what the coordinator that just exited said about why
-        (`recovery.exit_report`), if anything.
-      trained: whether the coordinator that just exited completed a train
-        loop. A crash loop is failing again and again *without progress*:
-        restarts that were followed by training do not spend the budget, so
-        a burst of real faults (several ps preempted in a minute) is
-        recovered from, while a coordinator that dies before it trains
-        still stops after `max_restarts`.
-      on_poll: called every poll while a coordinator runs (the chief
-        prepares the next coordinator there, `recovery.standby`).
+      watch: optional; every `probe_seconds` the reachable ps and workers go
+        to it, and it says when to leave a worker out and take it back.
+      clock: seconds, for the budget, the deadlines and the events.
     """
     self._config = config
-    self._start = start_coordinator
-    self._wait_for_cluster = wait_for_cluster
+    self._launcher = launcher
+    self._cluster = cluster
     self._events = event_log
     self._stop = stop
     self._watch = watch
-    self._probe_servers = probe_servers
-    self._ps_addresses = dict(ps_addresses or {})
-    self._exit_report = exit_report
-    self._trained = trained
-    self._on_poll = on_poll
-    self._progress_at = float("-inf")  # When a coordinator last made progress.
     self._clock = clock
+    self._history = policy_lib.RestartHistory()
     self.excluded: set = set()
 
   def run(self) -> SupervisorResult:
-    restart_times: list[float] = []
+    try:
+      return self._run()
+    finally:
+      self._launcher.close()
+
+  def _run(self) -> SupervisorResult:
     attempt = 0
     while True:
-      process = self._start(attempt, frozenset(self.excluded))
-      ended = self._wait(process, restart_times)
+      process = self._launcher.start(attempt, frozenset(self.excluded))
+      ended = self._wait(process)
       code, change = ended.code, ended.change
+      restarts = len(self._history.restarts)
       if self._stop.requested:
         reason = f"stopped by {signal.Signals(self._stop.signum).name}"
-        return SupervisorResult(errors.exit_code_for_signal(self._stop.signum),
-                                len(restart_times), reason)
+        return SupervisorResult(errors.exit_code_for_signal(self._stop.signum), restarts, reason)
       attempt += 1
       if change is not None:
         # We stopped it (it saved) to change its cluster: not a failure.
@@ -216,42 +207,43 @@ class Supervisor:
             f"coordinator restarting {preposition} {worker}; "
             f"workers left out: {', '.join(left_out) or 'none'}"))
         continue
-      report = self._exit_report()
-      if self._trained():
-        self._progress_at = self._clock()  # Not a crash loop: older restarts are forgiven.
+      report = self._launcher.exit_report()
+      if self._launcher.trained():
+        self._history = self._history.progressed(self._clock())
       if ended.lost is not None:
         kind = Kind.PS_LOST
         detail = (f"coordinator exited with code {code}: {report.message}" if report
                   else f"coordinator stopped by the supervisor: {ended.lost}")
       else:
-        kind = classify_exit(code, report.failure if report else None)
+        kind = policy_lib.classify_exit(code, report.failure if report else None)
         detail = f"coordinator exited with code {code}" + (f": {report.message}" if report else "")
       if kind is None:
-        return SupervisorResult(errors.ExitCode.OK, len(restart_times), "finished")
+        return SupervisorResult(errors.ExitCode.OK, restarts, "finished")
       now = self._clock()
-      decision = self._config.policy.decide(kind, self._unproductive(restart_times), now)
+      decision = self._config.policy.decide(kind, self._history, now)
       self._record("chief:0", kind, decision, detail)
       if decision.action == Action.GIVE_UP:
         logging.error("coordinator exited with code %d (%s); giving up: %s",
                       code, kind.value, decision.reason)
-        exit_code = errors.ExitCode.USAGE if kind == Kind.BAD_CONFIG else errors.ExitCode.PERMANENT
-        return SupervisorResult(exit_code, len(restart_times), decision.reason)
+        return SupervisorResult(decision.exit_code, restarts, decision.reason)
       logging.warning("coordinator exited with code %d (%s): %s", code, kind.value,
                       decision.action.value)
       try:
-        self._wait_for_cluster(self._config.cluster_wait_seconds)
+        # Left-out workers are not waited for: the watch takes them back.
+        self._cluster.wait_until_reachable(self._config.cluster_wait_seconds,
+                                           frozenset(self.excluded))
       except errors.RetryableError as e:
         logging.error("cluster did not come back: %s", e)
         self._events.append(events_lib.Event(kind="action", task="chief:0",
                                              action=Action.GIVE_UP.value, detail=str(e)))
-        return SupervisorResult(errors.ExitCode.CLUSTER_LOST, len(restart_times), str(e))
-      restart_times.append(now)
+        return SupervisorResult(errors.ExitCode.CLUSTER_LOST, restarts, str(e))
+      self._history = self._history.restarted(now)
       self._events.append(events_lib.Event(
           kind="recovered", task="chief:0", failure=kind.value,
           seconds_to_recover=round(self._clock() - now, 3),
           detail=f"cluster reachable; starting coordinator attempt {attempt + 1}"))
 
-  def _wait(self, process: subprocess.Popen, restart_times: list[float]) -> _Ended:
+  def _wait(self, process: subprocess.Popen) -> _Ended:
     """Waits for the coordinator to exit; says how it ended (`_Ended`).
 
     Passes a stop signal on once. When the worker watch asks for a change of
@@ -261,9 +253,10 @@ class Supervisor:
     """
     stop_deadline = None
     change = None
-    ps_silence = (overdue_lib.Overdue(self._ps_addresses, self._config.ps_deadline_seconds,
+    ps_addresses = self._cluster.ps_addresses
+    ps_silence = (overdue_lib.Overdue(ps_addresses, self._config.ps_deadline_seconds,
                                       name="ps_deadline_seconds")
-                  if self._ps_addresses and self._config.ps_deadline_seconds else None)
+                  if ps_addresses and self._config.ps_deadline_seconds else None)
     next_probe = self._clock() + self._config.probe_seconds
     while True:
       try:
@@ -277,14 +270,14 @@ class Supervisor:
         process.send_signal(self._stop.signum)
         stop_deadline = now + self._config.stop_grace_seconds
       if stop_deadline is None:
-        self._on_poll()
-      if stop_deadline is None and self._probe_servers is not None and now >= next_probe:
+        self._launcher.idle()
+      if stop_deadline is None and now >= next_probe:
         next_probe = now + self._config.probe_seconds
-        reachable = self._probe_servers()
+        reachable = self._cluster.reachable()
         silent = ps_silence.update(reachable, now) if ps_silence is not None else []
         if silent:
           return self._end_overdue(process, silent, ps_silence, now, reachable)
-        change = self._watched_change(reachable, now, restart_times)
+        change = self._watched_change(reachable, now)
         if change is not None:
           process.send_signal(signal.SIGTERM)  # Save, then exit: we restart it.
           stop_deadline = now + self._config.stop_grace_seconds
@@ -297,7 +290,7 @@ class Supervisor:
   def _end_overdue(self, process: subprocess.Popen, silent: list, ps_silence, now: float,
                    reachable: set) -> _Ended:
     """Kills a coordinator still running past the ps deadline: a ps loss."""
-    names = ", ".join(f"{t} ({self._ps_addresses[t]}) did not answer for "
+    names = ", ".join(f"{t} ({self._cluster.ps_addresses[t]}) did not answer for "
                       f"{ps_silence.silent_for(t, now):.0f}s" for t in silent)
     if not reachable:
       names += " (no ps and no worker answers: this chief is cut off from the cluster)"
@@ -314,7 +307,7 @@ class Supervisor:
         f"lost the cluster: {names}, and the coordinator had not exited by itself (missed its "
         "own ps deadline): killed it, its thread stacks are in the chief's log"))
 
-  def _watched_change(self, reachable: set, now: float, restart_times: list[float]):
+  def _watched_change(self, reachable: set, now: float):
     """The first cluster change the worker watch asks for, applied to `excluded`."""
     if self._watch is None:
       return None
@@ -323,21 +316,16 @@ class Supervisor:
         logging.warning("%s answers again: restarting the coordinator with it", worker)
         self.excluded.discard(worker)
         return what, worker
-      decision = self._config.policy.decide(Kind.WORKER_GONE, self._unproductive(restart_times),
-                                            now)
+      decision = self._config.policy.decide(Kind.WORKER_GONE, self._history, now)
       self._record(str(worker), Kind.WORKER_GONE, decision,
                    f"{worker} unreachable for {self._watch.timeout:.0f}s")
       if decision.action == Action.RESTART_WITHOUT_TASK:
         logging.warning("%s unreachable for %.0fs: saving and restarting the coordinator "
                         "without it", worker, self._watch.timeout)
-        restart_times.append(now)
+        self._history = self._history.restarted(now)
         self.excluded.add(worker)
         return what, worker
     return None
-
-  def _unproductive(self, restart_times: list[float]) -> list[float]:
-    """The restarts that count against the budget: those since the last progress."""
-    return [t for t in restart_times if t > self._progress_at]
 
   def _record(self, task: str, kind: Kind, decision: policy_lib.Decision, detail: str) -> None:
     self._events.append(events_lib.Event(kind="failure", task=task, failure=kind.value,

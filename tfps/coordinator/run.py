@@ -1,6 +1,8 @@
-"""The chief's program: connect, build the experiment, run Orbit, checkpoint.
+"""The coordinator's program: connect, build the experiment, run Orbit, checkpoint.
 
-`run_chief(ChiefConfig(...))` is everything the `chief` role does:
+On the chief task, `tfps run` is a supervisor (`recovery.supervisor`) whose
+child process, the *coordinator*, runs this; `tfps run --nosupervise` runs it
+in the chief's own process. `run_coordinator(CoordinatorConfig(...))` does:
 
   1. check that `model_dir` is writable and the experiment can be found (fast
      failures, before touching the cluster);
@@ -14,7 +16,7 @@
      train loop on stderr (absl logging) and a record per loop in
      `model_dir/progress.jsonl` (recovery.progress_log; one `restored` record at
      start);
-  6. return a `ChiefResult`.
+  6. return a `CoordinatorResult`.
 
 Running again with the same `model_dir` and a larger `train_steps` resumes
 from the checkpoint. Errors are raised by type (base.errors): bad input
@@ -53,11 +55,11 @@ from tfps.base import errors
 from tfps.recovery import interrupts as interrupts_lib
 
 
-# The value types live in coordinator.api; these names are the chief's API.
+# The value types live in coordinator.api; these names are the coordinator's API.
 Mode = api.Mode
 RunStatus = api.RunStatus
-ChiefConfig = api.ChiefConfig
-ChiefResult = api.ChiefResult
+CoordinatorConfig = api.CoordinatorConfig
+CoordinatorResult = api.CoordinatorResult
 
 
 class _Discard(io.TextIOBase):
@@ -111,7 +113,7 @@ def _loop_size(step: int, steps_per_loop: int, checkpoint_interval: int) -> int:
 
 
 def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntime,
-           config: ChiefConfig, pause):
+           config: CoordinatorConfig, pause):
   """The experiment's trainer/evaluator made PS-aware; None where the mode needs none."""
   trainer = experiment.trainer if config.mode != Mode.EVAL else None
   evaluator = experiment.evaluator if config.mode != Mode.TRAIN else None
@@ -124,7 +126,7 @@ def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntim
   return trainer, evaluator
 
 
-def _train_steps(config: ChiefConfig, ledger) -> int:
+def _train_steps(config: CoordinatorConfig, ledger) -> int:
   """The step to train to: `train_steps`, or `train_epochs` whole epochs of the input."""
   epochs = getattr(config, "train_epochs", None)
   if not epochs:
@@ -146,7 +148,7 @@ def _input_summary(trainer, ledger) -> dict[str, Any]:
   return summary
 
 
-def _require_parts(config: ChiefConfig, experiment: experiment_lib.Experiment) -> None:
+def _require_parts(config: CoordinatorConfig, experiment: experiment_lib.Experiment) -> None:
   if config.mode != Mode.EVAL and experiment.trainer is None:
     raise errors.UsageError(
         f"mode ({config.mode.value}) needs a trainer; experiment {config.experiment!r} has none")
@@ -232,7 +234,7 @@ def _classified_errors(phase: str, input_cannot_end: Callable[[], bool] = lambda
 
 @contextlib.contextmanager
 def _control_channel(cluster: spec_lib.ClusterSpec, interrupts: interrupts_lib.Interrupts):
-  """Serves preemption notices of ps/workers for as long as the chief runs."""
+  """Serves preemption notices of ps/workers for as long as the coordinator runs."""
   address = notices.control_address(cluster)
   try:
     server = notices.ControlServer(address, interrupts.notice).start()
@@ -246,14 +248,14 @@ def _control_channel(cluster: spec_lib.ClusterSpec, interrupts: interrupts_lib.I
     server.stop()
 
 
-def run_chief(config: ChiefConfig, *,
-              interrupts: interrupts_lib.Interrupts | None = None) -> ChiefResult:
-  """Runs the chief to completion; see the module docstring.
+def run_coordinator(config: CoordinatorConfig, *,
+              interrupts: interrupts_lib.Interrupts | None = None) -> CoordinatorResult:
+  """Runs the coordinator to completion; see the module docstring.
 
   Args:
     config: what to run.
     interrupts: where stop signals and ps/worker preemption notices arrive;
-      with them the chief serves the control channel, saves on a notice, and
+      with them the coordinator serves the control channel, saves on a notice, and
       on SIGTERM saves and raises `Preempted` (see `loop_guard`).
 
   Raises:
@@ -267,7 +269,7 @@ def run_chief(config: ChiefConfig, *,
     return _run_chief(config, interrupts)
 
 
-def _run_chief(config: ChiefConfig, interrupts: interrupts_lib.Interrupts) -> ChiefResult:
+def _run_chief(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts) -> CoordinatorResult:
   checkpoints.check_writable(config.model_dir)
   factory = experiment_lib.load_factory(config.experiment)
   runtime = strategy_lib.connect(config.cluster, ready_timeout=config.ready_timeout,
@@ -278,8 +280,8 @@ def _run_chief(config: ChiefConfig, interrupts: interrupts_lib.Interrupts) -> Ch
     return _run_connected(config, interrupts, factory, runtime)
 
 
-def _run_connected(config: ChiefConfig, interrupts: interrupts_lib.Interrupts, factory,
-                   runtime: strategy_lib.PSRuntime) -> ChiefResult:
+def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts, factory,
+                   runtime: strategy_lib.PSRuntime) -> CoordinatorResult:
   context = experiment_lib.ExperimentContext(
       strategy=runtime.strategy, coordinator=runtime.coordinator,
       model_dir=config.model_dir, global_batch_size=config.global_batch_size,
@@ -361,7 +363,7 @@ def _run_connected(config: ChiefConfig, interrupts: interrupts_lib.Interrupts, f
       with _classified_errors("evaluation"):
         eval_output = controller.evaluate(steps=eval_steps)
 
-  return ChiefResult(
+  return CoordinatorResult(
       status=RunStatus.FINISHED, experiment=config.experiment, mode=config.mode,
       global_step=int(global_step.numpy()), start_step=start_step,
       train_steps=train_steps,
