@@ -7,6 +7,7 @@ here: plain runs, a resumed run, and the input forms that are refused.
 """
 
 
+import dataclasses
 import os
 import sys
 
@@ -112,6 +113,50 @@ def test_a_loop_cut_short_by_an_interrupt_takes_no_chunk_it_does_not_train(runti
   assert ps_trainer.closures_scheduled == 1
   assert int(step.numpy()) == ps_trainer.ledger.taken == 5
   assert counts.numpy().sum() == 5 * BATCH
+
+
+class _ClosureLog:
+  """Wraps the coordinator's `schedule`: which function each closure ran."""
+
+  def __init__(self, coordinator):
+    self._coordinator, self.names = coordinator, []
+
+  def schedule(self, fn, args=None, kwargs=None):
+    self.names.append(fn.python_function.__name__)
+    return self._coordinator.schedule(fn, args=args, kwargs=kwargs)
+
+  def __getattr__(self, name):
+    return getattr(self._coordinator, name)
+
+
+def test_a_fast_start_switches_to_the_written_out_closure_and_reads_each_batch_once(runtime):
+  step = tf.Variable(0, dtype=tf.int64)
+  counts = tf.Variable(tf.zeros([EXAMPLES], tf.int32))
+  trainer = input_experiments.CountingTrainer(
+      counts, step, input_experiments.dataset_fn_for(EXAMPLES, BATCH))
+  closures = _ClosureLog(runtime.coordinator)
+  ps_trainer = trainer_lib.PSTrainer(
+      trainer, dataclasses.replace(runtime, coordinator=closures), steps_per_closure=5)
+  ps_trainer.train(tf.constant(20))  # Looped closures; then the trace starts.
+  assert set(closures.names) == {"other_closure"} and not ps_trainer.full_closure_ready.is_set()
+  assert ps_trainer.full_closure_ready.wait(timeout=120), "the background trace never ended"
+  ps_trainer.train(tf.constant(40))  # The rest of the epoch, written out.
+  ps_trainer.wait_for_background()
+  assert closures.names[4:] == ["full_closure"] * 8, closures.names
+  assert np.array_equal(counts.numpy(), np.ones(EXAMPLES, np.int32))  # Each batch once.
+  assert int(step.numpy()) == EPOCH
+
+
+def test_without_a_fast_start_every_full_closure_is_written_out(runtime):
+  step = tf.Variable(0, dtype=tf.int64)
+  trainer = input_experiments.CountingTrainer(
+      tf.Variable(tf.zeros([EXAMPLES], tf.int32)), step,
+      input_experiments.dataset_fn_for(EXAMPLES, BATCH))
+  closures = _ClosureLog(runtime.coordinator)
+  ps_trainer = trainer_lib.PSTrainer(trainer, dataclasses.replace(runtime, coordinator=closures),
+                                     steps_per_closure=5, fast_start=False)
+  ps_trainer.train(tf.constant(20))
+  assert closures.names == ["full_closure"] * 4 and ps_trainer.full_closure_ready.is_set()
 
 
 def test_orbits_step_count_warning_does_not_reach_the_log(caplog):

@@ -103,6 +103,10 @@ flags.DEFINE_integer("input_shards", None,
                      "(default: about one closure of batches each, at most 256).")
 flags.DEFINE_integer("steps_per_loop", 200, "Steps per Orbit loop (progress/summary cadence).")
 flags.DEFINE_integer("steps_per_closure", 50, "Steps in one remote closure on a worker.")
+flags.DEFINE_bool("fast_start", True,
+                  "Start each coordinator with looped closures (traced in a fraction of the "
+                  "time) and switch to the written-out ones once they are traced in the "
+                  "background: a ps or chief loss resumes training seconds sooner.")
 flags.DEFINE_integer("checkpoint_interval", 500, "Save a checkpoint every this many steps.")
 flags.DEFINE_integer("max_to_keep", 3, "Checkpoints to keep.")
 flags.DEFINE_enum("mode", "train_and_eval", ["train", "train_and_eval", "eval"], "What to run.")

@@ -34,7 +34,7 @@ class RunSpec:
 
   Attributes (the flags' help says more):
     experiment, experiment_params, model_dir, mode, train_steps,
-    train_epochs, input_shards, steps_per_loop, steps_per_closure,
+    train_epochs, input_shards, steps_per_loop, steps_per_closure, fast_start,
     checkpoint_interval, max_to_keep, eval_steps, eval_interval, eval_shards,
     global_batch_size, seed, ready_timeout, min_shard_bytes (0: never
     split), ps_timeout (0: no deadline): the coordinator's (`CoordinatorConfig`).
@@ -54,6 +54,7 @@ class RunSpec:
   input_shards: int | None = None
   steps_per_loop: int = 200
   steps_per_closure: int = 50
+  fast_start: bool = True
   checkpoint_interval: int = 500
   max_to_keep: int = 3
   eval_steps: int | None = None
@@ -100,8 +101,9 @@ class RunSpec:
       if not (_is_number(value) and value < float("inf")
               and (value > 0 if lowest == "positive" else value >= 0)):
         raise errors.UsageError(f"{name} ({value!r}) must be {lowest}")
-    if not isinstance(self.warm_standby, bool):
-      raise errors.UsageError(f"warm_standby ({self.warm_standby!r}) must be true or false")
+    for name in ("warm_standby", "fast_start"):
+      if not isinstance(getattr(self, name), bool):
+        raise errors.UsageError(f"{name} ({getattr(self, name)!r}) must be true or false")
     object.__setattr__(self, "exclude_workers", tuple(self.exclude_workers))
     for name in self.exclude_workers:
       if spec_lib.TaskId.parse(name).job != spec_lib.JobType.WORKER:
@@ -153,8 +155,8 @@ class RunSpec:
 
 
 _CHIEF_FIELDS = ("experiment", "experiment_params", "mode", "train_steps", "train_epochs",
-                 "input_shards", "steps_per_loop", "steps_per_closure", "checkpoint_interval",
-                 "max_to_keep", "eval_steps", "eval_interval", "eval_shards",
+                 "input_shards", "steps_per_loop", "steps_per_closure", "fast_start",
+                 "checkpoint_interval", "max_to_keep", "eval_steps", "eval_interval", "eval_shards",
                  "global_batch_size", "seed", "ready_timeout")
 _POSITIVE_INTS = ("train_steps", "train_epochs", "input_shards", "steps_per_loop",
                   "steps_per_closure", "checkpoint_interval", "max_to_keep", "eval_steps",

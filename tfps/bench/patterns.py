@@ -285,8 +285,10 @@ class Tfps(_Distributed):
   def __init__(self, runtime, params, *, batch_size: int, seed: int, steps_per_loop: int,
                steps_per_closure: int, unroll: int = trainer_lib.DEFAULT_UNROLL):
     super().__init__(runtime, params, batch_size=batch_size, seed=seed)
+    # Without the fast start: the windows time the steady closure only.
     self._trainer = trainer_lib.PSTrainer(self.experiment.trainer, self.runtime,
-                                          steps_per_closure=steps_per_closure, unroll=unroll)
+                                          steps_per_closure=steps_per_closure, unroll=unroll,
+                                          fast_start=False)
     self._controller = _controller(self._trainer, self.global_step, steps_per_loop,
                                    runtime.strategy)
 

@@ -176,6 +176,8 @@ class CoordinatorConfig:
     ready_timeout: seconds to wait for the cluster to answer.
     min_shard_bytes: split variables larger than this across the ps tasks;
       None disables partitioning.
+    fast_start: start with looped closures while the written-out ones trace
+      in the background (`trainer.PSTrainer`).
     ps_timeout: seconds a ps may not answer before the run counts it lost
       and exits 170 (a partition hangs TF instead of failing it, see
       `coordinator.ps_deadline`); None: no deadline.
@@ -191,6 +193,7 @@ class CoordinatorConfig:
   input_shards: int | None = None
   steps_per_loop: int = 100
   steps_per_closure: int = 50
+  fast_start: bool = True
   checkpoint_interval: int = 500
   max_to_keep: int = 3
   eval_steps: int | None = None
@@ -227,6 +230,8 @@ class CoordinatorConfig:
                  "train_epochs", "input_shards"):
       if getattr(self, name) is not None:
         _positive_int(name, getattr(self, name))
+    if not isinstance(self.fast_start, bool):
+      raise errors.UsageError(f"fast_start ({self.fast_start!r}) must be true or false")
     if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
       raise errors.UsageError(f"seed ({self.seed!r}) must be a non-negative integer")
     if isinstance(self.ready_timeout, bool) or not isinstance(self.ready_timeout, (int, float)) \

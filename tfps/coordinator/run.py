@@ -92,12 +92,18 @@ def _orbit_step_warning_dropped():
 
 
 class _Controller(orbit.Controller):
-  """orbit.Controller whose restore checks the checkpoint fits the model."""
+  """orbit.Controller whose restore checks the checkpoint fits the model, and
+  whose evaluations wait for the trainer's background trace (`PSTrainer`)."""
 
-  def __init__(self, *, experiment_name: str, **kwargs):
+  def __init__(self, *, experiment_name: str, before_evaluate: Callable[[], None], **kwargs):
     self._experiment_name = experiment_name
+    self._before_evaluate = before_evaluate
     self.restored = None
     super().__init__(**kwargs)
+
+  def evaluate(self, steps: int = -1):
+    self._before_evaluate()
+    return super().evaluate(steps)
 
   def restore_checkpoint(self, checkpoint_path: str | None = None) -> str | None:
     with self.strategy.scope():
@@ -119,7 +125,7 @@ def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntim
   evaluator = experiment.evaluator if config.mode != Mode.TRAIN else None
   if isinstance(trainer, orbit.StandardTrainer) and not isinstance(trainer, trainer_lib.PSTrainer):
     trainer = trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=config.steps_per_closure,
-                                    pause=pause, global_step=experiment.global_step,
+                                    fast_start=config.fast_start, pause=pause, global_step=experiment.global_step,
                                     input_shards=getattr(config, "input_shards", None))
   if isinstance(evaluator, orbit.StandardEvaluator):
     evaluator = evaluator_lib.PSEvaluator(evaluator, runtime, num_shards=config.eval_shards)
@@ -316,10 +322,12 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
                                               trainer.ledger if positioned else None))
 
   eval_output = None
+  background_done = getattr(trainer, "wait_for_background", lambda: None)
   # orbit.Controller prints its log lines on stdout as well as logging them.
   with contextlib.redirect_stdout(_Discard()), _orbit_step_warning_dropped():
     controller = _Controller(
-        experiment_name=config.experiment, global_step=global_step, trainer=measured,
+        experiment_name=config.experiment, before_evaluate=background_done,
+        global_step=global_step, trainer=measured,
         evaluator=evaluator, strategy=runtime.strategy,
         steps_per_loop=lambda step: _loop_size(
             int(step), config.steps_per_loop, config.checkpoint_interval),
@@ -362,6 +370,7 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
     if config.mode != Mode.TRAIN and eval_output is None:
       with _classified_errors("evaluation"):
         eval_output = controller.evaluate(steps=eval_steps)
+    background_done()  # No thread left tracing when the coordinator returns.
 
   return CoordinatorResult(
       status=RunStatus.FINISHED, experiment=config.experiment, mode=config.mode,

@@ -24,6 +24,17 @@ iteration, all with one function: two traces per run, whatever the sizes.
 (the chief does this for every `StandardTrainer` an experiment returns, so
 an experiment never needs to.)
 
+Fast start: tracing the written-out closure (50 steps of the user's step in
+one graph) and instantiating it on the workers takes seconds, and a new
+coordinator pays it before its first loop ends: after every ps or chief
+loss. With positioned input, a coordinator therefore starts with the looped
+closure (one step per iteration, traced in a fraction of the time) for
+every closure size, and traces the written-out one in a background thread
+once its first loop has run (the first trace creates the optimizer's slot
+variables; two traces at once must not). From the loop after that trace
+ends, full-size closures are the written-out ones. The steps and their
+order are the same either way; only their cost changes.
+
 Step logs: a `train_step` may return its step's logs, a dict of scalars
 such as `{"loss": loss}`. They are summed inside the closure (no per-step
 write to a ps, see `coordinator.step_logs`) and their mean over the loop is
@@ -50,6 +61,8 @@ Step counting and retries (at-least-once):
 
 import dataclasses
 import math
+import threading
+import time
 from typing import Any, Callable, Mapping
 
 from absl import logging
@@ -62,6 +75,7 @@ from tfps.coordinator import positioned as positioned_lib
 from tfps.coordinator import step_logs
 from tfps.coordinator import strategy as strategy_lib
 from tfps.base import errors
+from tfps.base import messages
 
 
 # As many as the default steps per closure: a closure of up to 50 steps has
@@ -70,6 +84,8 @@ from tfps.base import errors
 # The price is tracing: the first closure takes seconds longer to build, on
 # every coordinator start.
 DEFAULT_UNROLL = 50
+# A bound on waiting for the background trace (fast start): it takes seconds.
+_BACKGROUND_TRACE_SECONDS = 300.0
 
 
 def plan_closures(num_steps: int, steps_per_closure: int, num_workers: int) -> list[int]:
@@ -113,11 +129,13 @@ class PSTrainer(orbit.StandardTrainer):
   def __init__(self, trainer: orbit.StandardTrainer, runtime: strategy_lib.PSRuntime, *,
                steps_per_closure: int, pause: Callable[[], bool] | None = None,
                unroll: int = DEFAULT_UNROLL, global_step: tf.Variable | None = None,
-               input_shards: int | None = None):
+               input_shards: int | None = None, fast_start: bool = True):
     """`pause()` true: schedule no more closures this loop (an interrupt is pending).
 
     `unroll`: steps per while-loop iteration inside a closure (see the module
-    docstring). `global_step`: the step counter `train_step` increments
+    docstring). `fast_start`: start with looped closures while the written-out
+    one traces in the background (module docstring; positioned input only).
+    `global_step`: the step counter `train_step` increments
     (default: the wrapped trainer's `global_step` attribute, if any); after
     every loop it is set back by the steps that TensorFlow re-executed when it
     retried a failed closure, so it counts each scheduled step once.
@@ -140,6 +158,9 @@ class PSTrainer(orbit.StandardTrainer):
     self._global_step = global_step if global_step is not None else getattr(
         trainer, "global_step", None)
     self._input_shards = input_shards
+    self._fast_start = fast_start
+    self.full_closure_ready = threading.Event()  # Full-size closures are written out.
+    self._tracer: list[threading.Thread] = []  # The background trace, once started.
     self.closures_scheduled = 0
     self.reexecuted_steps = 0
     self.last_loop = LoopInput()
@@ -184,6 +205,19 @@ class PSTrainer(orbit.StandardTrainer):
                       self._input_shards, self.input_state.ledger.num_shards)
       self._input_shards = None
     return self.input_state.ledger
+
+  def wait_for_background(self, timeout: float = _BACKGROUND_TRACE_SECONDS) -> None:
+    """Waits for the background trace of the written-out closure, if one runs.
+
+    Called before an evaluation (whose traces must not run beside it: both
+    call the user's model and metrics) and when training has ended, so that
+    no thread is left tracing. The trace needs no cluster, so it ends.
+    """
+    for thread in self._tracer:
+      thread.join(timeout)
+      if thread.is_alive():
+        logging.warning("the written-out closure is still being traced after %.0fs; "
+                        "going on beside it", timeout)
 
   def train_loop_begin(self):
     return self._trainer.train_loop_begin()
@@ -256,8 +290,35 @@ class PSTrainer(orbit.StandardTrainer):
         sums = step_logs.add(sums, train_step(iterator), what)
       return sums
 
-    def schedule(size: int, *source):
-      if size == full_size:
+    background = self._fast_start and self._positioned is not None and (
+        full_size > 1 and unroll > 1)
+    if not background:
+      self.full_closure_ready.set()
+    tracer = self._tracer
+
+    def trace_full_closure():
+      start = time.perf_counter()
+      try:
+        with strategy.scope():  # The scope is per thread; schedule() looks it up in it.
+          full_closure.get_concrete_function(tf.TensorSpec([], tf.int64),
+                                             tf.TensorSpec([], tf.int64))
+      except Exception as e:  # pylint: disable=broad-except  (keep the looped closure)
+        logging.warning("tracing the written-out closure failed; keeping the looped one "
+                        "(%s: %s)", type(e).__name__, messages.one_line(e))
+        return
+      logging.info("written-out closure of %d steps traced in %.1fs (in the background); "
+                   "full-size closures use it from the next loop", full_size,
+                   time.perf_counter() - start)
+      self.full_closure_ready.set()
+
+    def start_tracing_once() -> None:
+      if not tracer and not self.full_closure_ready.is_set():
+        tracer.append(threading.Thread(target=trace_full_closure, daemon=True,
+                                       name="tfps-trace-closure"))
+        tracer[0].start()
+
+    def schedule(size: int, use_full: bool, *source):
+      if size == full_size and use_full:
         return coordinator.schedule(full_closure, args=source)
       return coordinator.schedule(other_closure, args=(tf.constant(size, tf.int32), *source))
 
@@ -278,11 +339,12 @@ class PSTrainer(orbit.StandardTrainer):
     def loop_fn(iterator, num_steps):
       start_step = self._read_step()
       scheduled, chunks = [], []
+      use_full = self.full_closure_ready.is_set()  # One kind per loop.
       # Traced in scope so that the trainer sees the strategy it was built in.
       with strategy.scope():
         for size, source, chunk in sources(iterator, int(num_steps)):
           try:
-            remote = schedule(size, *source)
+            remote = schedule(size, use_full, *source)
           except Exception as e:  # Traced at the first schedule: bad step logs.
             usage = step_logs.usage_error_in(e)
             if usage is None:
@@ -303,6 +365,8 @@ class PSTrainer(orbit.StandardTrainer):
       # read per closure (a few per loop), not per step.
       self._loop_logs = step_logs.loop_means(
           [(size, remote.fetch()) for size, remote in scheduled])
+      if background:
+        start_tracing_once()  # After a loop: the looped closure has created every variable.
 
     return loop_fn
 
