@@ -88,18 +88,10 @@ def run(flags) -> errors.ExitCode:
     if os.environ.get(standby.ENV_VAR):
       go = _stand_by(stop)
       if go is None:  # Not needed after all: leave as quietly as we came.
-        stderr_filter.close()
-        temp.cleanup()
-        os._exit(0)
+        _leave_coordinator(stderr_filter, temp, errors.ExitCode.OK)
       spec = dataclasses.replace(spec, exclude_workers=go.exclude_workers)
-    code = _coordinate(config, spec, stop, result_file=flags.result_file)
-    sys.stdout.flush()
-    stderr_filter.close()
-    temp.cleanup()
-    # TF's ClusterCoordinator destructor can wait forever at interpreter
-    # shutdown (on a lock of a worker-recovery thread that shutdown froze);
-    # everything is saved and flushed, so leave without destructors.
-    os._exit(int(code))
+    _leave_coordinator(stderr_filter, temp,
+                       _coordinate(config, spec, stop, result_file=flags.result_file))
   finally:
     stderr_filter.close()
 
@@ -144,6 +136,20 @@ def _write_details(model_dir: str | None, error: BaseException) -> str | None:
   except OSError:
     return None
   return path
+
+
+def _leave_coordinator(stderr_filter, temp, code: int) -> None:
+  """Ends a coordinator process: output flushed, scratch removed, no destructors.
+
+  TF's ClusterCoordinator destructor can wait forever at interpreter
+  shutdown (on a lock of a worker-recovery thread that shutdown froze), and
+  a background trace (`trainer.PSTrainer`'s fast start) may still run;
+  everything is saved and flushed, so leave without destructors.
+  """
+  sys.stdout.flush()
+  stderr_filter.close()
+  temp.cleanup()
+  os._exit(int(code))
 
 
 def _control_address(config: spec_lib.TaskConfig) -> str | None:
