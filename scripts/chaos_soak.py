@@ -91,8 +91,10 @@ def _table(summary: dict) -> str:
                 f"{shown(seconds['p50'], 8)}{shown(seconds['max'], 8)}"
                 f"{shown(stall['p50'], 10)}{shown(stall['max'], 10)}"
                 f"{row['steps_lost_max']:>9}")
+  goodput = summary["goodput"]["goodput"]
   rows.append(f"runs finished {summary['runs_finished']}/{summary['runs']}, faults recovered "
-              f"{summary['recoveries']}/{summary['faults_injected']}")
+              f"{summary['recoveries']}/{summary['faults_injected']}, goodput "
+              f"{'-' if goodput is None else f'{goodput:.1%}'}")
   return "\n".join(rows)
 
 

@@ -200,9 +200,15 @@ def _reported(target, action, seconds, lost=0, back_after=5.0, stall=None):
 def test_soak_summary_pools_runs_and_splits_by_kind_of_fault():
   runs = [
       {"status": "ok", "faults": [_reported("worker:1", "kill", 4.0, stall=6.0),
-                                  _reported("ps:0", "kill", 20.0, lost=150, stall=21.0)]},
+                                  _reported("ps:0", "kill", 20.0, lost=150, stall=21.0)],
+       # 1,000 steps at 10/s: 100 s of fault-free time, in 125 s.
+       "goodput": {"goodput": 0.8, "kept_steps": 1000, "wall_seconds": 125.0,
+                   "fault_free_steps_per_sec": 10.0}},
       {"status": "failed", "faults": [_reported("ps:0", "kill", None),
-                                      _reported("worker:0", "kill", 2.0, back_after=None)]},
+                                      _reported("worker:0", "kill", 2.0, back_after=None)],
+       # 12.5 s of fault-free time in 25 s: a short run weighs less.
+       "goodput": {"goodput": 0.5, "kept_steps": 100, "wall_seconds": 25.0,
+                   "fault_free_steps_per_sec": 8.0}},
       None,  # A run that printed no result.
   ]
   summary = chaos.soak_summary(runs)
@@ -215,7 +221,10 @@ def test_soak_summary_pools_runs_and_splits_by_kind_of_fault():
       "longest_stall_seconds": {"p50": 21.0, "max": 21.0}, "steps_lost_max": 150}
   assert summary["by_kind"]["worker never"]["faults"] == 1
   assert summary["by_kind"]["worker kill"]["recovery_seconds"] == {"p50": 4.0, "max": 4.0}
+  # (100 s + 12.5 s of fault-free time) over (125 s + 25 s) of wall time.
+  assert summary["goodput"] == {"goodput": 0.75, "lowest_run": 0.5}
   assert chaos.soak_summary([None])["recovery_seconds"] == {"p50": None, "max": None}
+  assert chaos.soak_summary([None])["goodput"] == {"goodput": None, "lowest_run": None}
 
 
 def test_faults_by_step_parse_and_wait_for_their_step():

@@ -310,7 +310,9 @@ def soak_summary(results: Sequence[dict | None]) -> dict:
 
   A run counts as finished only with status "ok" (every fault recovered and
   every end-of-run check passed). Recovery seconds are pooled over runs,
-  overall and per kind of fault.
+  overall and per kind of fault. Goodput is pooled as the runs' fault-free
+  time for what they kept over their wall time together (`recovery.goodput`),
+  so a long run weighs more than a short one.
   """
   faults = [f for r in results if r for f in r.get("faults", ())]
   kinds: dict[str, list[dict]] = {}
@@ -324,6 +326,7 @@ def soak_summary(results: Sequence[dict | None]) -> dict:
       "steps_lost": sum(f["steps_lost"] for f in faults),
       "recovery_seconds": _seconds(faults),
       "longest_stall_seconds": _seconds(faults, "longest_stall_seconds"),
+      "goodput": _pooled_goodput([r["goodput"] for r in results if r and r.get("goodput")]),
       "by_kind": {kind: {"faults": len(group),
                          "recovered": sum(1 for f in group if f["recovered"]),
                          "recovery_seconds": _seconds(group),
@@ -331,6 +334,17 @@ def soak_summary(results: Sequence[dict | None]) -> dict:
                          "steps_lost_max": max(f["steps_lost"] for f in group)}
                   for kind, group in sorted(kinds.items())},
   }
+
+
+def _pooled_goodput(runs: Sequence[dict]) -> dict:
+  """The runs' goodput together, and the lowest of one run."""
+  measured = [r for r in runs if r.get("goodput") is not None]
+  wall = sum(r["wall_seconds"] for r in measured)
+  if not wall:
+    return {"goodput": None, "lowest_run": None}
+  needed = sum(r["kept_steps"] / r["fault_free_steps_per_sec"] for r in measured)
+  return {"goodput": round(min(1.0, needed / wall), 4),
+          "lowest_run": min(r["goodput"] for r in measured)}
 
 
 def _seconds(faults: Sequence[dict], key: str = "seconds_to_recover") -> dict:
