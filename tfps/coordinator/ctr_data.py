@@ -176,8 +176,11 @@ class TrainFiles:
       # A positioned input builds a new iterator for every closure's chunk, and
       # tf.data's default graph rewrites were about half of that (34 -> 16 ms
       # CPU here) while finding nothing to fuse in a batch followed by one map.
+      # Nothing here is AUTOTUNE'd either, so its model thread is only a cost
+      # (docs/benchmarks.md, the ctr's file input).
       options = tf.data.Options()
       options.experimental_optimization.apply_default_optimizations = False
+      options.autotune.enabled = False
       return (batches.take(end_batch - first_batch)
               .apply(tf.data.experimental.assert_cardinality(end_batch - first_batch))
               .prefetch(2)
