@@ -1,6 +1,7 @@
 """`tfps bench`: runs end to end and emits its JSON fields (no timing assertions)."""
 
 import json
+import os
 
 from absl.testing import flagsaver
 import pytest
@@ -92,3 +93,14 @@ def test_bench_runs_every_variant_and_prints_the_json_fields(tfps, tmp_path):
       "tutorial": 256 << 10, "model_garden": None, "tfps": 64 << 20}
   assert out["machine"]["cores"] >= 1 and "before" in out["load_average"]
   assert "examples/s" in result.stderr and "model_garden" in result.stderr
+
+
+def test_the_bench_keeps_a_given_model_dir_and_removes_its_own(tmp_path):
+  given = tmp_path / "bench"
+  with bench_command.work_dir_for(str(given)) as work_dir:
+    assert work_dir == str(given)
+  assert given.is_dir()
+  with bench_command.work_dir_for(None) as work_dir:
+    assert os.path.basename(work_dir).startswith(f"tfps-bench-{os.getpid()}-")
+    open(os.path.join(work_dir, "bench_raw.json"), "w").close()
+  assert not os.path.exists(work_dir)

@@ -14,18 +14,19 @@ The machine is shared: the load average is recorded before and after, and
 a warning says when it was too high for the numbers to mean much.
 """
 
+import contextlib
 import json
 import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 
 from absl import logging
 
 from tfps.cluster import local
 from tfps.cluster import processes
+from tfps.cluster import scratch as scratch_lib
 from tfps.base import errors
 from tfps.base import signals
 from tfps.bench import config as config_lib
@@ -181,11 +182,23 @@ def _recovery_lines(result: dict) -> list[str]:
   return lines
 
 
+def work_dir_for(model_dir: str | None):
+  """The bench's files: in `--model_dir` (kept), else a scratch directory removed at the
+  end (its training files are tens of MB a run; a killed bench's goes with the next)."""
+  if model_dir:
+    os.makedirs(model_dir, exist_ok=True)
+    return contextlib.nullcontext(model_dir)
+  return scratch_lib.ScratchDir("tfps-bench-")
+
+
 def run(flags) -> errors.ExitCode:
   stop = signals.StopSignals.install()
   config = bench_config(flags)  # Bad flags fail here, before anything starts.
-  work_dir = flags.model_dir or tempfile.mkdtemp(prefix="tfps-bench-")
-  os.makedirs(work_dir, exist_ok=True)
+  with work_dir_for(flags.model_dir) as work_dir:
+    return _run_in(flags, config, work_dir, stop)
+
+
+def _run_in(flags, config, work_dir: str, stop: signals.StopSignals) -> errors.ExitCode:
   load_before = load_average()
   if load_before > _QUIET_LOAD:
     logging.warning("load average %.2f > %.1f: other work shares this machine; the "
