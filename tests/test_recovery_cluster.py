@@ -172,14 +172,13 @@ def test_chief_preempted_saves_and_exits_143_then_resumes_exactly(run):
 
 
 def test_chief_killed_resumes_from_the_latest_checkpoint(run):
-  step = run.step
-  restores = len(run.restores)
   killed = run.chief.pid
   run.chief.kill(signal.SIGKILL)
   assert run.chief.wait(timeout=10) == -signal.SIGKILL
+  # Read after the kill: the killed chief's loops run on until the signal lands.
+  step, since = run.step, len(run.records)
   run.chief.start()  # As an orchestrator would; ps and workers kept running.
-  run.wait_for_step(step, timeout=180)
-  restored = run.restores[restores]
+  restored = run.wait_for_restart_and_progress(since, timeout=180)
   assert 0 <= step - restored.step <= cluster_helpers.MAX_STEPS_LOST
   # The killed chief's scratch (its coordinators' logs and AutoGraph files)
   # was swept by the new one.
