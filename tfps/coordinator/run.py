@@ -125,7 +125,8 @@ def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntim
   evaluator = experiment.evaluator if config.mode != Mode.TRAIN else None
   if isinstance(trainer, orbit.StandardTrainer) and not isinstance(trainer, trainer_lib.PSTrainer):
     trainer = trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=config.steps_per_closure,
-                                    fast_start=config.fast_start, pause=pause, global_step=experiment.global_step,
+                                    fast_start=config.fast_start, pause=pause,
+                                    global_step=experiment.global_step,
                                     input_shards=getattr(config, "input_shards", None))
   if isinstance(evaluator, orbit.StandardEvaluator):
     evaluator = evaluator_lib.PSEvaluator(evaluator, runtime, num_shards=config.eval_shards)

@@ -160,7 +160,7 @@ class PSTrainer(orbit.StandardTrainer):
     self._input_shards = input_shards
     self._fast_start = fast_start
     self.full_closure_ready = threading.Event()  # Full-size closures are written out.
-    self._tracer: list[threading.Thread] = []  # The background trace, once started.
+    self._tracer: threading.Thread | None = None  # The background trace, once started.
     self.closures_scheduled = 0
     self.reexecuted_steps = 0
     self.last_loop = LoopInput()
@@ -213,9 +213,9 @@ class PSTrainer(orbit.StandardTrainer):
     call the user's model and metrics) and when training has ended, so that
     no thread is left tracing. The trace needs no cluster, so it ends.
     """
-    for thread in self._tracer:
-      thread.join(timeout)
-      if thread.is_alive():
+    if self._tracer is not None:
+      self._tracer.join(timeout)
+      if self._tracer.is_alive():
         logging.warning("the written-out closure is still being traced after %.0fs; "
                         "going on beside it", timeout)
 
@@ -294,7 +294,6 @@ class PSTrainer(orbit.StandardTrainer):
         full_size > 1 and unroll > 1)
     if not background:
       self.full_closure_ready.set()
-    tracer = self._tracer
 
     def trace_full_closure():
       start = time.perf_counter()
@@ -312,10 +311,10 @@ class PSTrainer(orbit.StandardTrainer):
       self.full_closure_ready.set()
 
     def start_tracing_once() -> None:
-      if not tracer and not self.full_closure_ready.is_set():
-        tracer.append(threading.Thread(target=trace_full_closure, daemon=True,
-                                       name="tfps-trace-closure"))
-        tracer[0].start()
+      if self._tracer is None and not self.full_closure_ready.is_set():
+        self._tracer = threading.Thread(target=trace_full_closure, daemon=True,
+                                        name="tfps-trace-closure")
+        self._tracer.start()
 
     def schedule(size: int, use_full: bool, *source):
       if size == full_size and use_full:
