@@ -4,11 +4,14 @@ A user's own `cluster/` or `recovery.py` (common names) must not shadow
 tfps's parts, and the user API is importable from `tfps` itself.
 """
 
+import os
 import subprocess
 import sys
 import zipfile
 
 import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _python(code, cwd, **env):
@@ -19,7 +22,7 @@ def _python(code, cwd, **env):
 def test_the_wheel_holds_only_tfps(tmp_path):
   build = subprocess.run(
       [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-       "-w", str(tmp_path), "."], capture_output=True, text=True, timeout=300)
+       "-w", str(tmp_path), REPO], capture_output=True, text=True, timeout=300)
   assert build.returncode == 0, build.stderr[-2000:]
   (wheel,) = tmp_path.glob("tfps-*.whl")
   top = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
