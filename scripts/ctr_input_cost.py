@@ -84,13 +84,13 @@ def main(argv):
 
     @tf.function
     def first_batch(shard, start):
-      features, labels = next(iter(source.chunk(shards, shard, start)))
-      return tf.reduce_sum(labels) + tf.cast(tf.reduce_sum(features["cat_0"]), tf.float32)
+      example = next(iter(source.chunk(shards, shard, start)))
+      return tf.reduce_sum(example["label"]) + tf.reduce_sum(example["cat"][:, 0])
 
     @tf.function
     def whole_chunk(shard, start):
       return source.chunk(shards, shard, start).reduce(
-          tf.constant(0, tf.int64), lambda n, batch: n + tf.shape(batch[1], tf.int64)[0])
+          tf.constant(0, tf.int64), lambda n, batch: n + tf.shape(batch["label"], tf.int64)[0])
 
     shard = tf.constant(shards // 2, tf.int64)  # A shard that starts inside a file.
     length = ledger.lengths[shards // 2]

@@ -7,7 +7,9 @@ restarted coordinator would.
 
 import glob
 import json
+import logging
 import os
+import threading
 
 import numpy as np
 import orbit
@@ -16,6 +18,7 @@ import tensorflow as tf
 import tf_keras
 
 from tfps.cluster import inprocess
+from tfps.coordinator import checkpoints
 from tfps.coordinator import run as coordinator_run
 from tfps.coordinator import ctr
 from tfps.coordinator import datasets
@@ -439,10 +442,10 @@ def test_readme_experiment_example_trains(cluster, tmp_path, monkeypatch):
 # the partitioned graphs TensorFlow actually ran (run metadata). The step runs
 # on this process (the chief) as it would on a worker.
 
-def _step_transfers(runtime, train_step, features, labels) -> dict[str, list[str]]:
+def _step_transfers(runtime, train_step, example) -> dict[str, list[str]]:
   """Per ps, the tensors one step sends to or receives from it (control signals left out)."""
   from tensorflow.python.eager import context
-  step = tf.function(lambda: train_step((features, labels)))
+  step = tf.function(lambda: train_step(example))
   with runtime.strategy.scope():
     context.context().enable_run_metadata()  # Partitions are reported when first run.
     try:
@@ -486,60 +489,60 @@ def _ctr_parts(runtime, model_dir):
       global_batch_size=256, seed=3, num_workers=NUM_WORKERS, num_ps=NUM_PS, params=SMALL_CTR)
   with runtime.strategy.scope():
     trainer = ctr.factory(context).trainer
-  features, labels = ctr.make_examples(tf.range(256, dtype=tf.int64), config, 3, 1)
-  return trainer, features, labels
+  return trainer, ctr.make_examples(tf.range(256, dtype=tf.int64), config, 3, 1)
 
 
 def _plain_step(trainer):
   """The same step reading the variables inside the tape, as models usually do."""
   model, optimizer = trainer.model, trainer.optimizer
 
-  def step_fn(features, labels):
+  def step_fn(example):
     with tf.GradientTape() as tape:
-      loss = tf.reduce_mean(ctr._loss(labels, model(features, training=True)))
+      loss = tf.reduce_mean(ctr._loss(ctr._labels(example), model(example, training=True)))
     optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
                                   model.trainable_variables))
 
-  return lambda inputs: trainer.strategy.run(step_fn, args=inputs)
+  return lambda example: trainer.strategy.run(step_fn, args=(example,))
 
 
 def test_a_ctr_step_moves_three_tensors_to_and_from_one_ps(cluster, tmp_path):
   # Tables whole (tfps's default placement for a table this small).
   whole = strategy_lib.connect(cluster, ready_timeout=30, min_shard_bytes=None)
-  trainer, features, labels = _ctr_parts(whole, tmp_path)
-  pulled = _step_transfers(whole, lambda inputs: trainer.train_step(iter([inputs])),
-                           features, labels)
+  trainer, example = _ctr_parts(whole, tmp_path)
+  pulled = _step_transfers(whole, lambda inputs: trainer.train_step(iter([inputs])), example)
   # The unique ids out, the rows and the MLP's weights back in one tensor,
   # all the gradients out in one: everything on the table's ps.
   (ps, names), = pulled.items()
   assert len(names) == 3, pulled
   assert ps == trainer.model.table.device.split("/device")[0]
-  plain = _step_transfers(whole, _plain_step(trainer), features, labels)
+  plain = _step_transfers(whole, _plain_step(trainer), example)
   # Reading the variables: ids, rows, MLP weights, unique ids and summed rows
   # of the sparse gradient, the MLP's gradient.
   assert sum(map(len, plain.values())) == 6, plain
 
 
 def test_pull_push_on_a_table_split_over_the_ps_equals_reading_the_variables(runtime, tmp_path):
-  trainer, features, labels = _ctr_parts(runtime, tmp_path)  # 16 KiB shards: split over both ps.
+  trainer, example = _ctr_parts(runtime, tmp_path)  # 16 KiB shards: split over both ps.
   model = trainer.model
   assert len(model.table.variables) == NUM_PS
   transfers = _step_transfers(runtime, lambda inputs: trainer.train_step(iter([inputs])),
-                              features, labels)
+                              example)
   assert sorted(map(len, transfers.values())) == [3, 3], transfers  # Per ps: ids, pull, push.
   devices = []
+
+  labels = ctr._labels(example)
 
   @tf.function
   def gradients():
     with tf.GradientTape() as tape:
-      loss = tf.reduce_mean(ctr._loss(labels, model(features)))
+      loss = tf.reduce_mean(ctr._loss(labels, model(example)))
     plain = tape.gradient(loss, model.trainable_variables)
-    pulled = pull_push.pull(tables=[(model.table, model.ids(features))],
+    pulled = pull_push.pull(tables=[(model.table, model.ids(example))],
                             dense=[model.mlp.packed])
     with tf.GradientTape() as tape:
       tape.watch(pulled.values)
       (rows,), (weights,) = pulled.lookups(), pulled.dense()
-      loss = tf.reduce_mean(ctr._loss(labels, model.logits(rows, weights, features)))
+      loss = tf.reduce_mean(ctr._loss(labels, model.logits(rows, weights, example)))
     grads_and_vars = pulled.gradients(tape.gradient(loss, pulled.values))
     devices[:] = [(g.values.device if isinstance(g, tf.IndexedSlices) else g.device, v.device)
                   for g, v in grads_and_vars]
@@ -557,6 +560,112 @@ def test_pull_push_on_a_table_split_over_the_ps_equals_reading_the_variables(run
                              atol=1e-7)
 
 
+class _HeldWrite(tf.Module):
+  """A checkpointed value whose background write waits until the test lets it go."""
+
+  def __init__(self):
+    super().__init__()
+    self.release = threading.Event()
+    self.writing = threading.Event()
+
+  def _serialize_to_tensors(self):
+    return {"held": tf.constant(1)}
+
+  def _copy_trackable_to_cpu(self, object_map):
+    if self not in object_map:
+      object_map[self] = _HeldSnapshot(self)
+
+
+class _HeldSnapshot(tf.__internal__.tracking.Trackable):
+  def __init__(self, source):
+    self._source = source
+
+  def _serialize_to_tensors(self):  # Runs in the writer thread.
+    self._source.writing.set()
+    assert self._source.release.wait(timeout=60), "the test never released the write"
+    return {"held": tf.constant(1)}
+
+
+def test_an_async_save_returns_before_the_write_and_writes_the_state_it_was_given(
+    runtime, tmp_path):
+  from tfps.coordinator import ledger as ledger_lib
+  from tfps.coordinator import positioned
+  with runtime.strategy.scope():
+    table = tf.Variable(tf.zeros([4096, 8]))  # 128 KiB: split over both ps.
+    step = tf.Variable(0, dtype=tf.int64)
+  assert len(getattr(table, "variables", [table])) == NUM_PS
+  state = positioned.LedgerState()
+  state.ledger = ledger_lib.InputLedger([10, 10])
+  held = _HeldWrite()
+  checkpoint = tf.train.Checkpoint(table=table, step=step, input_ledger=state, held=held)
+  manager = checkpoints.Manager(checkpoint, str(tmp_path), asynchronous=True,
+                                before_save=[state.capture], max_to_keep=3)
+  held.release.set()
+  manager.save_now(0)  # The first save builds the snapshots (and waits here).
+  held.release.clear()
+  held.writing.clear()
+
+  table.assign(tf.fill([4096, 8], 2.0))
+  step.assign(5)
+  state.ledger.take(5)
+  path = manager.save(checkpoint_number=5)
+  # Returned while its write waits in the background: training goes on meanwhile.
+  assert held.writing.wait(timeout=60) and not held.release.is_set()
+  assert manager.latest_checkpoint.endswith("-0")  # Not indexed before it is complete.
+  table.assign(tf.fill([4096, 8], 3.0))
+  step.assign(9)
+  state.ledger.take(4)
+  held.release.set()
+  manager.sync()
+  assert manager.latest_checkpoint == path
+
+  restored = positioned.LedgerState()
+  with runtime.strategy.scope():
+    table2 = tf.Variable(tf.zeros([4096, 8]))
+    step2 = tf.Variable(0, dtype=tf.int64)
+  tf.train.Checkpoint(table=table2, step=step2, input_ledger=restored).read(path).expect_partial()
+  assert int(step2.numpy()) == 5
+  np.testing.assert_array_equal(tf.convert_to_tensor(table2).numpy(), np.full([4096, 8], 2.0))
+  assert restored.ledger.taken == 5 and restored.ledger.positions == [5, 0]
+
+
+class _FailsInBackground(tf.Module):
+  """A checkpointed value whose background write fails as a lost ps's would."""
+
+  def _serialize_to_tensors(self):
+    return {"value": tf.constant(1)}
+
+  def _copy_trackable_to_cpu(self, object_map):
+    if self not in object_map:
+      object_map[self] = _FailingSnapshot()
+
+
+class _FailingSnapshot(tf.__internal__.tracking.Trackable):
+  def _serialize_to_tensors(self):
+    raise tf.errors.UnavailableError(None, None, "ps:0 is gone")
+
+
+def test_a_failed_background_write_is_raised_by_sync_and_not_indexed(runtime, tmp_path):
+  with runtime.strategy.scope():
+    step = tf.Variable(1, dtype=tf.int64)
+  checkpoint = tf.train.Checkpoint(step=step, value=_FailsInBackground())
+  manager = checkpoints.Manager(checkpoint, str(tmp_path), asynchronous=True, max_to_keep=1)
+  with pytest.raises(tf.errors.UnavailableError, match="ps:0 is gone"):
+    manager.save_now(1)
+  assert manager.latest_checkpoint is None
+
+
+def test_the_checkpoint_cost_bench_times_both_kinds_of_save(runtime, tmp_path):
+  from tfps.bench import checkpoint_cost
+  row, = checkpoint_cost.measure(runtime, (200_000,), str(tmp_path), repeats=1)
+  assert row["parameters"] == 200_000 and row["checkpoint_bytes"] >= 2 * 200_000 * 4
+  for key in ("save_seconds", "async_first_seconds", "async_return_seconds",
+              "async_write_seconds", "restore_seconds"):
+    assert 0 < row[key] < 60, (key, row)
+  assert row["async_return_seconds"] <= row["async_write_seconds"]
+  assert not os.listdir(tmp_path)  # Its checkpoints are removed.
+
+
 class _LostPs:
   """Sentinels of a ps that restarted: what `PsSentinels.check` raises then."""
 
@@ -570,8 +679,8 @@ def _guard(runtime, tmp_path, sentinels, step_on_lost_ps=False):
   items = {"step": step}
   if step_on_lost_ps:  # A checkpointed variable that cannot be read any more.
     items["gone"] = _Unreadable()
-  manager = tf.train.CheckpointManager(tf.train.Checkpoint(**items), str(tmp_path),
-                                       max_to_keep=2)
+  manager = checkpoints.Manager(tf.train.Checkpoint(**items), str(tmp_path),
+                                asynchronous=True, max_to_keep=2)
   return manager, loop_guard.LoopGuard(
       interrupts=interrupts_lib.Interrupts(), manager=manager, global_step=step,
       cluster=runtime.cluster, model_dir=str(tmp_path), sentinels=sentinels)
@@ -611,3 +720,20 @@ def test_a_ps_that_lost_its_variables_ends_the_loop_retryable_after_a_save(runti
                                                  r"\(FailedPreconditionError: Resource gone"):
     guard.after_loop(7)
   assert manager.latest_checkpoint is None
+
+
+def test_the_chief_log_drops_routine_lines_only():
+  routine = coordinator_run._RoutineLines()
+
+  def kept(message, thread="MainThread"):
+    record = logging.LogRecord("tensorflow", logging.WARNING, __file__, 1, message, None, None)
+    record.threadName = thread
+    return routine.filter(record)
+
+  schedule_warning = ("A `tf.distribute.experimental.ParameterServerStrategy` method is invoked "
+                      "without using `ClusterCoordinator.schedule`. If you are not tracing ...")
+  assert not kept(schedule_warning, trainer_lib.BACKGROUND_TRACE_THREAD)
+  assert kept(schedule_warning)  # Said by anything else, it may matter.
+  assert not kept("Starting async checkpoint save on the device: /job:chief/...")
+  assert not kept("Sync on async checkpoint saving.")
+  assert kept("saved checkpoint to /m/ckpt-200.")

@@ -50,14 +50,14 @@ def test_bad_params_are_usage_errors(params, message):
 
 
 def _examples(indices, seed=7, split=1, config=ctr.CtrConfig(vocab_sizes=(1000, 300))):
-  features, labels = ctr.make_examples(tf.constant(indices, tf.int64), config, seed, split)
-  return {k: v.numpy() for k, v in features.items()}, labels.numpy()
+  examples = ctr.make_examples(tf.constant(indices, tf.int64), config, seed, split)
+  return {k: v.numpy() for k, v in examples.items() if k != "label"}, examples["label"].numpy()
 
 
 def test_examples_are_a_pure_function_of_seed_split_and_index():
   features, labels = _examples([5, 6, 7, 8])
   again, again_labels = _examples([7, 8])  # Other batch: same examples.
-  np.testing.assert_array_equal(features["cat_0"][2:], again["cat_0"])
+  np.testing.assert_array_equal(features["cat"][2:], again["cat"])
   np.testing.assert_array_equal(features["dense"][2:], again["dense"])
   np.testing.assert_array_equal(labels[2:], again_labels)
   other_seed, _ = _examples([5, 6, 7, 8], seed=8)
@@ -68,7 +68,7 @@ def test_examples_are_a_pure_function_of_seed_split_and_index():
 
 def test_data_has_skewed_ids_in_range_and_a_plausible_click_rate():
   features, labels = _examples(np.arange(20000))
-  ids = features["cat_0"]
+  ids = features["cat"][:, 0]
   assert ids.min() >= 0 and ids.max() < 1000
   assert np.mean(ids < 100) > 0.4  # Skewed: 10% of the vocabulary gets > 40% of traffic.
   assert 0.2 < labels.mean() < 0.5
@@ -79,8 +79,8 @@ def test_data_has_skewed_ids_in_range_and_a_plausible_click_rate():
 def test_eval_parts_cover_the_eval_set_exactly_once():
   config = ctr.CtrConfig(vocab_sizes=(50,), eval_examples=100)
   fn = ctr.eval_dataset_fn(config, seed=1, batch_size=16)
-  whole = np.concatenate([f["dense"] for f, _ in fn(tf.distribute.InputContext())])
-  parts = [np.concatenate([f["dense"] for f, _ in fn(tf.distribute.InputContext(3, i))])
+  whole = np.concatenate([e["dense"] for e in fn(tf.distribute.InputContext())])
+  parts = [np.concatenate([e["dense"] for e in fn(tf.distribute.InputContext(3, i))])
            for i in range(3)]
   assert whole.shape == (100, 8)
   merged = np.concatenate(parts)

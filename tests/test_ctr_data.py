@@ -33,22 +33,25 @@ def _expected(config=CONFIG, seed=SEED):
   Traced, as the generator runs it: TensorFlow's graph optimizations round
   `vocab * u**3` differently from eager execution for about one id in 1000.
   """
-  features, labels = tf.function(ctr.make_examples)(
+  examples = tf.function(ctr.make_examples)(
       tf.range(config.train_examples, dtype=tf.int64), config, seed, 1)
-  return {k: v.numpy() for k, v in features.items()}, labels.numpy()
+  return {k: v.numpy() for k, v in examples.items()}
 
 
 def _read(dataset):
-  """Every batch of a dataset as NumPy: [(features, labels)]."""
-  return [({k: v.numpy() for k, v in features.items()}, labels.numpy())
-          for features, labels in dataset]
+  """Every batch of a dataset as NumPy: [{key: values}]."""
+  return [{k: v.numpy() for k, v in batch.items()} for batch in dataset]
 
 
 def _concat(batches):
-  if not batches:
-    return {}, np.zeros((0, 1), np.float32)
-  features = {k: np.concatenate([f[k] for f, _ in batches]) for k in batches[0][0]}
-  return features, np.concatenate([labels for _, labels in batches])
+  return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+
+def _assert_examples_equal(got, expected):
+  assert sorted(got) == sorted(expected) == ["cat", "dense", "label"]
+  for key in expected:
+    assert got[key].dtype == expected[key].dtype, key
+    np.testing.assert_array_equal(got[key], expected[key])
 
 
 def _file_state(files: ctr_data.TrainFiles):
@@ -97,12 +100,9 @@ def test_files_hold_the_training_examples_in_order(tmp_path):
   files = ctr.train_files(CONFIG, SEED, str(tmp_path))
   assert len(files.paths) == 16
   assert [sum(1 for _ in tf.data.TFRecordDataset(p)) for p in files.paths] == [8] * 15 + [5]
-  features, labels = _concat(_read(files.dataset_fn(100)(tf.distribute.InputContext())))
-  expected, expected_labels = _expected()
-  for name in expected:
-    np.testing.assert_array_equal(features[name], expected[name])
-  np.testing.assert_array_equal(labels, expected_labels)
-  assert features["cat_1"].max() >= 128  # Multi-byte varints are in the data.
+  examples = _concat(_read(files.dataset_fn(100)(tf.distribute.InputContext())))
+  _assert_examples_equal(examples, _expected())
+  assert examples["cat"][:, 1].max() >= 128  # Multi-byte varints are in the data.
 
 
 def test_a_record_is_an_ordinary_example_holding_a_block_of_examples(tmp_path):
@@ -111,14 +111,12 @@ def test_a_record_is_an_ordinary_example_holding_a_block_of_examples(tmp_path):
   records = list(tf.data.TFRecordDataset(files.paths[2]).skip(3).take(1))
   block = tf.train.Example.FromString(records[0].numpy()).features.feature
   assert sorted(block) == ["cat", "dense", "label"]
-  expected, expected_labels = _expected()
   first = (2 * 8 + 3) * 8  # File 2, record 3: examples [152, 160).
-  ids = np.stack([expected["cat_0"], expected["cat_1"]], axis=1)[first:first + 8]
-  assert list(block["cat"].int64_list.value) == ids.reshape(-1).tolist()
+  expected = {k: v[first:first + 8].reshape(-1) for k, v in _expected().items()}
+  assert list(block["cat"].int64_list.value) == expected["cat"].tolist()
   np.testing.assert_array_equal(np.array(block["dense"].float_list.value, np.float32),
-                                expected["dense"][first:first + 8].reshape(-1))
-  assert list(block["label"].int64_list.value) == \
-      expected_labels[first:first + 8].reshape(-1).astype(int).tolist()
+                                expected["dense"])
+  assert list(block["label"].int64_list.value) == expected["label"].tolist()
 
 
 def test_blocks_divide_the_examples(tmp_path):
@@ -217,7 +215,7 @@ def test_a_set_written_meanwhile_by_another_process_wins(tmp_path, monkeypatch):
   files = ctr.train_files(CONFIG, SEED, str(tmp_path))
   assert len(calls) == 2
   assert os.listdir(tmp_path) == [os.path.basename(files.directory)]  # No temp dir left.
-  assert len(_read(files.dataset_fn(1000)(tf.distribute.InputContext()))[0][1]) == 1000
+  assert len(_read(files.dataset_fn(1000)(tf.distribute.InputContext()))[0]["label"]) == 1000
 
 
 # --- shards -----------------------------------------------------------------------
@@ -239,18 +237,14 @@ def test_shards_cover_every_record_once_in_whole_batches(tmp_path, num_shards, b
   assert sum(sizes) == total and max(sizes) - min(sizes) <= 1  # Balanced, contiguous.
   every = [b for batches in shards for b in batches]
   last = 1000 - batch * (total - 1)
-  assert [len(labels) for _, labels in every] == [batch] * (total - 1) + [last]
-  features, labels = _concat(every)
-  expected, expected_labels = _expected()
-  np.testing.assert_array_equal(features["dense"], expected["dense"])
-  np.testing.assert_array_equal(features["cat_0"], expected["cat_0"])
-  np.testing.assert_array_equal(labels, expected_labels)
+  assert [len(b["label"]) for b in every] == [batch] * (total - 1) + [last]
+  _assert_examples_equal(_concat(every), _expected())
 
 
 def test_only_the_last_batch_is_short_and_more_shards_than_batches_are_empty(tmp_path):
   fn = ctr.train_files(CONFIG, SEED, str(tmp_path)).dataset_fn(300)  # 4 batches, last 100.
   shards = [_read(fn(tf.distribute.InputContext(6, s))) for s in range(6)]
-  assert [[len(labels) for _, labels in batches] for batches in shards] == \
+  assert [[len(b["label"]) for b in batches] for batches in shards] == \
       [[], [300], [300], [], [300], [100]]
 
 
@@ -261,10 +255,10 @@ def test_a_tensor_shard_index_inside_a_function_reads_the_same_shard(tmp_path):
   @tf.function
   def shard_dense(shard):
     dataset = fn(tf.distribute.InputContext(num_shards, shard))
-    whole = dataset.map(lambda features, labels: features["dense"]).unbatch().batch(10**6)
+    whole = dataset.map(lambda example: example["dense"]).unbatch().batch(10**6)
     return dataset.cardinality(), whole.get_single_element()
 
-  expected, _ = _expected()
+  expected = _expected()
   start = 0
   for shard in range(num_shards):
     cardinality, dense = shard_dense(tf.constant(shard, tf.int64))
@@ -283,10 +277,9 @@ def test_the_runtime_measures_and_positions_the_files(tmp_path):
 
   @tf.function
   def first_dense(shard, start):  # As a closure builds its chunk on a worker.
-    features, _ = next(iter(source.chunk(5, shard, start)))
-    return features["dense"][0]
+    return next(iter(source.chunk(5, shard, start)))["dense"][0]
 
-  expected, _ = _expected()
+  expected = _expected()
   for shard, start, batch_index in [(0, 0, 0), (1, 2, 7), (4, 3, 23)]:
     got = first_dense(tf.constant(shard, tf.int64), tf.constant(start, tf.int64))
     np.testing.assert_array_equal(got.numpy(), expected["dense"][40 * batch_index])

@@ -4,8 +4,9 @@ Starts a local cluster (`--num_ps`, `--num_workers`) and runs the measuring
 driver (`tfps.bench.driver`) inside its private network, where the chief
 would run. Prints a table on stderr and one JSON line on stdout. With
 `--scaling`, runs tfps alone on clusters of 1, 2 and 4 workers with 1 and 2
-ps. With `--recovery`, times checkpoint save/restore at 1M, 10M and 50M
-parameters and runs `tfps chaos` with one worker, one ps and one chief kill
+ps. With `--recovery`, times checkpoints at 1M, 10M, 100M and 500M
+parameters (a synchronous save, an asynchronous save's stall and write, a
+restore) and runs `tfps chaos` with one worker, one ps and one chief kill
 (`--faults` to change them; seconds from each fault until training
 progresses again). Everything
 started is ended before it returns.
@@ -36,11 +37,12 @@ _QUIET_LOAD = 1.5
 # --quick: shorter windows; still the median of 3.
 _QUICK = {"window_steps": 200, "warmup_steps": 40, "noop_closures": 200}
 SCALING = ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4))  # (ps, workers)
-# --recovery: one fault of each kind, far enough apart that each recovers
-# first; training long enough to outlast them (tfps chaos fails otherwise).
-RECOVERY_FAULTS = "worker:0@10:kill+5,ps:0@30:kill+5,chief:0@110:kill+3"
-RECOVERY_TRAIN_STEPS = 30000
-CHECKPOINT_PARAMS = (1_000_000, 10_000_000, 50_000_000)
+# --recovery: one fault of each kind, placed by training step (so on any
+# host's speed each lands while training runs, after the previous recovered).
+RECOVERY_FAULTS = "worker:0@step2000:kill+5,ps:0@step8000:kill+5,chief:0@step16000:kill+3"
+RECOVERY_TRAIN_STEPS = 24000
+# The largest holds 4 GB of variables, its snapshot as much again (in the ps).
+CHECKPOINT_PARAMS = (1_000_000, 10_000_000, 100_000_000, 500_000_000)
 
 
 def bench_config(flags, **overrides) -> config_lib.BenchConfig:
@@ -175,10 +177,12 @@ def _recovery_lines(result: dict) -> list[str]:
                  f"{shown(f.get('seconds_to_recover')):>12} "
                  f"{shown(f.get('longest_stall_seconds')):>15} "
                  f"{f.get('steps_lost', 0):>10}")
-  lines.append(f"{'parameters':>12} {'checkpoint MB':>13} {'save s':>7} {'restore s':>9}")
+  lines.append(f"{'parameters':>12} {'checkpoint MB':>13} {'save s':>7} "
+               f"{'async: stall s':>14} {'write s':>7} {'restore s':>9}")
   for row in result["checkpoint"]:
     lines.append(f"{row['parameters']:>12,} {row['checkpoint_bytes'] / 1e6:>13.1f} "
-                 f"{row['save_seconds']:>7.2f} {row['restore_seconds']:>9.2f}")
+                 f"{row['save_seconds']:>7.2f} {row['async_stall_seconds']:>14.3f} "
+                 f"{row['async_write_seconds']:>7.2f} {row['restore_seconds']:>9.2f}")
   return lines
 
 

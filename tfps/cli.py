@@ -107,7 +107,12 @@ flags.DEFINE_bool("fast_start", True,
                   "Start each coordinator with looped closures (traced in a fraction of the "
                   "time) and switch to the written-out ones once they are traced in the "
                   "background: a ps or chief loss resumes training seconds sooner.")
-flags.DEFINE_integer("checkpoint_interval", 500, "Save a checkpoint every this many steps.")
+flags.DEFINE_integer("checkpoint_interval", 200,
+                     "Save a checkpoint every this many steps: the steps a ps or chief loss "
+                     "can roll back (an asynchronous save stops training for milliseconds).")
+flags.DEFINE_bool("async_checkpoint", True,
+                  "Save checkpoints in the background: training stops only while each ps "
+                  "copies its variables into memory (which then holds them twice).")
 flags.DEFINE_integer("max_to_keep", 3, "Checkpoints to keep.")
 flags.DEFINE_enum("mode", "train_and_eval", ["train", "train_and_eval", "eval"], "What to run.")
 flags.DEFINE_integer("eval_steps", None,
@@ -154,7 +159,8 @@ flags.DEFINE_bool("scaling", False,
                   "tfps bench: tfps alone on 1/2/4 workers x 1/2 ps (first --bench_sizes).")
 flags.DEFINE_bool("recovery", False,
                   "tfps bench: seconds from worker/ps/chief kill to progress (tfps chaos) "
-                  "and checkpoint save/restore time at 1M/10M/50M parameters.")
+                  "and checkpoint cost (save, asynchronous save's stall, restore) at "
+                  "1M/10M/100M/500M parameters (needs ~10 GB of memory).")
 flags.DEFINE_integer("repeats", 3, "tfps bench: timed windows per variant (median reported).")
 flags.DEFINE_integer("window_steps", 500, "tfps bench: steps in one timed window.")
 flags.DEFINE_integer("warmup_steps", 200, "tfps bench: untimed steps before the first window.")

@@ -35,7 +35,7 @@ class RunSpec:
   Attributes (the flags' help says more):
     experiment, experiment_params, model_dir, mode, train_steps,
     train_epochs, input_shards, steps_per_loop, steps_per_closure, fast_start,
-    checkpoint_interval, max_to_keep, eval_steps, eval_interval, eval_shards,
+    checkpoint_interval, async_checkpoint, max_to_keep, eval_steps, eval_interval, eval_shards,
     global_batch_size, seed, ready_timeout, min_shard_bytes (0: never
     split), ps_timeout (0: no deadline): the coordinator's (`CoordinatorConfig`).
       Exactly one of train_steps and train_epochs is set.
@@ -55,7 +55,8 @@ class RunSpec:
   steps_per_loop: int = 200
   steps_per_closure: int = 50
   fast_start: bool = True
-  checkpoint_interval: int = 500
+  checkpoint_interval: int = 200
+  async_checkpoint: bool = True
   max_to_keep: int = 3
   eval_steps: int | None = None
   eval_interval: int | None = None
@@ -101,7 +102,7 @@ class RunSpec:
       if not (_is_number(value) and value < float("inf")
               and (value > 0 if lowest == "positive" else value >= 0)):
         raise errors.UsageError(f"{name} ({value!r}) must be {lowest}")
-    for name in ("warm_standby", "fast_start"):
+    for name in ("warm_standby", "fast_start", "async_checkpoint"):
       if not isinstance(getattr(self, name), bool):
         raise errors.UsageError(f"{name} ({getattr(self, name)!r}) must be true or false")
     object.__setattr__(self, "exclude_workers", tuple(self.exclude_workers))
@@ -156,8 +157,8 @@ class RunSpec:
 
 _CHIEF_FIELDS = ("experiment", "experiment_params", "mode", "train_steps", "train_epochs",
                  "input_shards", "steps_per_loop", "steps_per_closure", "fast_start",
-                 "checkpoint_interval", "max_to_keep", "eval_steps", "eval_interval", "eval_shards",
-                 "global_batch_size", "seed", "ready_timeout")
+                 "checkpoint_interval", "async_checkpoint", "max_to_keep", "eval_steps",
+                 "eval_interval", "eval_shards", "global_batch_size", "seed", "ready_timeout")
 _POSITIVE_INTS = ("train_steps", "train_epochs", "input_shards", "steps_per_loop",
                   "steps_per_closure", "checkpoint_interval", "max_to_keep", "eval_steps",
                   "eval_interval", "eval_shards", "global_batch_size")

@@ -1,11 +1,25 @@
-"""Checkpoint save and restore time against model size, on the cluster.
+"""Checkpoint cost against model size, on the cluster: synchronous beside asynchronous.
 
 Runs in the benchmark driver (connected to the cluster): for each size it
 creates, on the parameter servers, an embedding-shaped table of that many
 float32 parameters plus its Adagrad accumulator (placed and split as tfps
-places them), then times `CheckpointManager.save` (the chief reads every
-variable from the ps and writes the files) and `Checkpoint.restore` (reads
-the files and assigns the variables on the ps), the median of `repeats`.
+places them, each ps initializing its own part), then, the median of
+`repeats` each:
+
+* `save_seconds`: a synchronous save (every ps writes its part; training
+  would stop for all of it);
+* `async_stall_seconds`: what an asynchronous save (`checkpoints.Manager`)
+  stops training for. The save returns once each ps holds a snapshot of its
+  variables, which TensorFlow takes copy-on-write: the snapshot shares the
+  variable's memory, and the first update after it copies the whole
+  variable on its ps before writing (every save: the snapshot keeps the
+  buffer until the next one). So the stall is the save's return plus the
+  extra time of the first sparse update of every variable after it
+  (`async_first_update_extra_seconds`, against the same update once more);
+  `async_write_seconds`: from that save's start until it is complete on
+  disk (training runs meanwhile). The first asynchronous save, which also
+  creates the snapshot variables, is timed apart (`async_first_seconds`);
+* `restore_seconds`: reading the files back into the variables.
 """
 
 import os
@@ -15,33 +29,86 @@ import time
 
 import tensorflow as tf
 
+from tfps.coordinator import checkpoints
+
 _DIM = 16
+
+
+def _timed(fn) -> float:
+  start = time.perf_counter()
+  fn()
+  return time.perf_counter() - start
+
+
+def _filled(shape, fill):
+  """An initial value each ps computes for its own shard (no tensor leaves the chief)."""
+
+  def initial_value(shard_info=None):
+    return fill(shard_info.shape if shard_info is not None else shape)
+
+  return initial_value
+
+
+def _sparse_update(variables):
+  """A step's kind of update: one row of every part of every variable (as Adagrad's)."""
+  parts = [p for v in variables for p in getattr(v, "variables", [v])]
+
+  @tf.function
+  def update():
+    for part in parts:
+      part.scatter_add(tf.IndexedSlices(tf.fill([1, _DIM], 1e-3), tf.constant([0])))
+
+  return lambda: update() and None
 
 
 def measure(runtime, sizes: tuple[int, ...], work_dir: str, repeats: int = 3) -> list[dict]:
   rows = []
   for params in sizes:
+    shape = (max(1, params // _DIM), _DIM)
     with runtime.strategy.scope():
-      shape = (max(1, params // _DIM), _DIM)
-      table = tf.Variable(tf.random.uniform(shape, -0.05, 0.05, seed=1), name="table")
-      accumulator = tf.Variable(tf.fill(shape, 1e-6), name="accumulator")
+      table = tf.Variable(_filled(shape, lambda s: tf.random.uniform(s, -0.05, 0.05, seed=1)),
+                          shape=shape, dtype=tf.float32, name="table")
+      accumulator = tf.Variable(_filled(shape, lambda s: tf.fill(s, 1e-6)),
+                                shape=shape, dtype=tf.float32, name="accumulator")
       step = tf.Variable(0, dtype=tf.int64, name="step")
-    checkpoint = tf.train.Checkpoint(table=table, accumulator=accumulator, step=step)
+    items = dict(table=table, accumulator=accumulator, step=step)
+    row = {"parameters": params, "variables_bytes": 2 * params * 4}
+
     directory = os.path.join(work_dir, f"checkpoint-cost-{params}")
-    manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=1)
+    manager = checkpoints.Manager(tf.train.Checkpoint(**items), directory, asynchronous=False,
+                                  max_to_keep=1)
     saves, restores = [], []
     for i in range(repeats):
-      start = time.perf_counter()
-      path = manager.save(checkpoint_number=i)
-      saves.append(time.perf_counter() - start)
-      start = time.perf_counter()
-      checkpoint.restore(path).assert_consumed()
-      restores.append(time.perf_counter() - start)
-    size_bytes = sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory))
-    rows.append({"parameters": params, "variables_bytes": 2 * params * 4,
-                 "checkpoint_bytes": size_bytes,
-                 "save_seconds": round(statistics.median(saves), 3),
-                 "restore_seconds": round(statistics.median(restores), 3)})
+      saves.append(_timed(lambda: manager.save_now(i)))
+      restores.append(_timed(lambda: manager.checkpoint.restore(
+          manager.latest_checkpoint).assert_consumed()))
+    row["checkpoint_bytes"] = sum(os.path.getsize(os.path.join(directory, f))
+                                  for f in os.listdir(directory))
     shutil.rmtree(directory, ignore_errors=True)
-    del table, accumulator, checkpoint, manager
+
+    directory = os.path.join(work_dir, f"checkpoint-cost-async-{params}")
+    manager = checkpoints.Manager(tf.train.Checkpoint(**items), directory, asynchronous=True,
+                                  max_to_keep=1)
+    row["async_first_seconds"] = round(_timed(lambda: manager.save_now(0)), 3)
+    update = _sparse_update([table, accumulator])
+    update()
+    returns, copies, writes = [], [], []
+    for i in range(1, repeats + 1):
+      start = time.perf_counter()
+      manager.save(checkpoint_number=i, check_interval=False)
+      returns.append(time.perf_counter() - start)
+      copies.append(_timed(update) - _timed(update))  # The first pays the copy-on-write.
+      manager.sync()
+      writes.append(time.perf_counter() - start)
+    shutil.rmtree(directory, ignore_errors=True)
+
+    row.update(save_seconds=round(statistics.median(saves), 3),
+               async_stall_seconds=round(statistics.median(
+                   [r + c for r, c in zip(returns, copies)]), 3),
+               async_return_seconds=round(statistics.median(returns), 3),
+               async_first_update_extra_seconds=round(statistics.median(copies), 3),
+               async_write_seconds=round(statistics.median(writes), 3),
+               restore_seconds=round(statistics.median(restores), 3))
+    rows.append(row)
+    del table, accumulator, step, items, manager
   return rows

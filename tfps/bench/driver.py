@@ -128,8 +128,10 @@ def run(spec_path: str, config: config_lib.BenchConfig, data_dir: str) -> dict:
     out["checkpoint"] = checkpoint_cost.measure(tfps_runtime, config.checkpoint_params,
                                                 config.work_dir)
     for row in out["checkpoint"]:
-      logging.info("checkpoint of %s parameters: save %.2fs, restore %.2fs",
-                   f"{row['parameters']:,}", row["save_seconds"], row["restore_seconds"])
+      logging.info("checkpoint of %s parameters: save %.2fs; asynchronous save: stall "
+                   "%.3fs, written in %.2fs; restore %.2fs", f"{row['parameters']:,}",
+                   row["save_seconds"], row["async_stall_seconds"],
+                   row["async_write_seconds"], row["restore_seconds"])
   if config.sizes and any(v != Variant.SINGLE_PROCESS for v in config.variants):
     out["noop_closure_us"] = patterns.noop_closure_micros(tfps_runtime.coordinator,
                                                           config.noop_closures)

@@ -165,6 +165,8 @@ class CoordinatorConfig:
     steps_per_loop: steps per Orbit train loop (one progress line each).
     steps_per_closure: at most this many steps per remote closure.
     checkpoint_interval: save every this many steps (and at the end).
+    async_checkpoint: write checkpoints in the background from an in-memory
+      snapshot on each ps (`checkpoints.Manager`).
     max_to_keep: checkpoints kept in model_dir.
     eval_steps: batches per evaluation; None evaluates the whole eval set.
     eval_interval: in train_and_eval, steps between evaluations; None
@@ -194,7 +196,8 @@ class CoordinatorConfig:
   steps_per_loop: int = 100
   steps_per_closure: int = 50
   fast_start: bool = True
-  checkpoint_interval: int = 500
+  checkpoint_interval: int = 200
+  async_checkpoint: bool = True
   max_to_keep: int = 3
   eval_steps: int | None = None
   eval_interval: int | None = None
@@ -230,8 +233,9 @@ class CoordinatorConfig:
                  "train_epochs", "input_shards"):
       if getattr(self, name) is not None:
         _positive_int(name, getattr(self, name))
-    if not isinstance(self.fast_start, bool):
-      raise errors.UsageError(f"fast_start ({self.fast_start!r}) must be true or false")
+    for name in ("fast_start", "async_checkpoint"):
+      if not isinstance(getattr(self, name), bool):
+        raise errors.UsageError(f"{name} ({getattr(self, name)!r}) must be true or false")
     if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
       raise errors.UsageError(f"seed ({self.seed!r}) must be a non-negative integer")
     if isinstance(self.ready_timeout, bool) or not isinstance(self.ready_timeout, (int, float)) \
@@ -265,6 +269,8 @@ class CoordinatorResult:
     restarts: coordinator restarts (0 here; counted by the supervisor).
     input: the training input as this coordinator left it (positioned or
       not, shards, epochs; see `coordinator.ledger`).
+    checkpoint_saves, checkpoint_stall_seconds: this coordinator's saves and
+      the time training stood still for them (`checkpoints.Manager`).
   """
 
   status: RunStatus
@@ -281,6 +287,8 @@ class CoordinatorResult:
   model_dir: str
   restarts: int = 0
   input: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  checkpoint_saves: int = 0
+  checkpoint_stall_seconds: float = 0.0
 
   def as_dict(self) -> dict[str, Any]:
     d = dataclasses.asdict(self)

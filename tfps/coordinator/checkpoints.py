@@ -5,10 +5,23 @@ between train loops, after `join()`, when no closure is running (see
 `trainer.PSTrainer` for how steps are counted under retries). A save that is
 killed midway leaves no new `checkpoint` index entry, so a restore always
 loads the last complete one.
+
+Asynchronous saves (`Manager(asynchronous=True)`, the default of the
+coordinator): a save copies every variable into a snapshot beside it, on its
+own ps (a memory copy, no transfer), and returns; a background thread writes
+the snapshot while training goes on, and the `checkpoint` index names it only
+once it is complete. Training stops for the copy alone (docs/benchmarks.md,
+"Checkpoint cost"); the price is a second copy of the variables in each ps's
+memory. The next save first waits for the previous write; `sync()` waits
+for the last, and every save that must be on disk before the process acts
+on it (a preemption notice, SIGTERM, the end of training) is followed by one.
 """
 
+import copy
 import os
 import tempfile
+import time
+from typing import Callable, Sequence
 
 from absl import logging
 import tensorflow as tf
@@ -71,3 +84,51 @@ def restore(manager: tf.train.CheckpointManager, global_step: tf.Variable, *,
   logging.info("restored %s at step %d", path, int(global_step.numpy()))
   return path
 
+
+
+class Manager(tf.train.CheckpointManager):
+  """A `CheckpointManager` that saves asynchronously (see the module docstring).
+
+  `before_save` runs before every save, synchronous or not: state kept in
+  Python (the input ledger) is captured into variables there, so the
+  snapshot holds it as of the same step as the model.
+  """
+
+  def __init__(self, checkpoint: tf.train.Checkpoint, directory: str, *, asynchronous: bool,
+               before_save: Sequence[Callable[[], None]] = (), **kwargs):
+    super().__init__(checkpoint, directory, **kwargs)
+    self.asynchronous = asynchronous
+    self._before_save = tuple(before_save)
+    self.saves = 0
+    self.stall_seconds = 0.0  # Time the caller stood still in save() and sync().
+
+  def save(self, checkpoint_number=None, check_interval: bool = True, options=None):
+    start = time.perf_counter()
+    for capture in self._before_save:
+      capture()
+    # Whatever the caller's options say (Orbit passes its own), this manager decides.
+    options = copy.copy(options) if options else tf.train.CheckpointOptions()
+    options.experimental_enable_async_checkpoint = self.asynchronous
+    path = super().save(checkpoint_number=checkpoint_number, check_interval=check_interval,
+                        options=options)
+    if path is not None:
+      self.saves += 1
+      self.stall_seconds += time.perf_counter() - start
+    return path
+
+  def sync(self) -> None:
+    """Waits for the background write, if one runs; raises its error if it failed."""
+    start = time.perf_counter()
+    super().sync()
+    self.stall_seconds += time.perf_counter() - start
+    # TensorFlow keeps a failed write's error for the next save to raise; a
+    # caller of sync() must hear it now (the helper exists once a save ran).
+    writer = getattr(self.checkpoint, "_async_checkpointer_impl", None)
+    if writer is not None:
+      writer._check_async_thread_error()  # pylint: disable=protected-access
+
+  def save_now(self, checkpoint_number: int) -> str:
+    """Saves and returns once the checkpoint is complete on disk."""
+    path = self.save(checkpoint_number=checkpoint_number, check_interval=False)
+    self.sync()
+    return path

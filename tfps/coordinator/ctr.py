@@ -15,6 +15,11 @@ your own experiment (`factory` at the bottom is all the chief needs):
 * an ordinary Orbit `StandardTrainer` and `StandardEvaluator` (AUC, loss),
   written as for one machine: the runtime makes them parameter-server aware.
 
+A batch of examples is one dict: `cat` (int64 [n, features], a categorical
+id per feature), `dense` (float32 [n, num_dense]) and `label` (int64 [n, 1],
+1 for a click), as a parsed `tf.train.Example` is; the model reads `cat` and
+`dense`, the steps take the label from the same dict.
+
 Data is synthetic and deterministic: example `i` of a split is a pure
 function of `(seed, split, i)` (integer hashing, no random state). Labels come
 from a hidden "true" model: a weight per categorical id plus a linear function
@@ -96,8 +101,8 @@ def _normal(*keys) -> tf.Tensor:
 
 
 @tf.autograph.experimental.do_not_convert
-def make_examples(index: tf.Tensor, config: CtrConfig, seed: int, split: int):
-  """Features and labels of examples `index` (int64 vector) of a split.
+def make_examples(index: tf.Tensor, config: CtrConfig, seed: int, split: int) -> dict:
+  """Examples `index` (int64 vector) of a split, as one dict (see the module docstring).
 
   Vectorized over features and dense dimensions: the graph stays small, so a
   dataset that maps it is quick to trace (every worker and eval shard does).
@@ -113,10 +118,8 @@ def make_examples(index: tf.Tensor, config: CtrConfig, seed: int, split: int):
   dense_weights = 2.0 * _uniform(seed, 88, dim) - 1.0
   logit = (_BIAS + tf.reduce_sum(true_weights, axis=1)
            + _DENSE_SCALE * tf.linalg.matvec(dense, dense_weights))
-  label = tf.cast(_uniform(seed, split, index, 30) < tf.sigmoid(logit), tf.float32)
-  features = {f"cat_{f}": ids[:, f] for f in range(len(config.vocab_sizes))}
-  features["dense"] = dense
-  return features, label[:, tf.newaxis]
+  label = tf.cast(_uniform(seed, split, index, 30) < tf.sigmoid(logit), tf.int64)
+  return {"cat": ids, "dense": dense, "label": label[:, tf.newaxis]}
 
 
 def train_files(config: CtrConfig, seed: int, data_dir: str) -> ctr_data.TrainFiles:
@@ -248,9 +251,7 @@ class CtrModel(tf_keras.Model):
 
   def ids(self, features) -> tf.Tensor:
     """Every feature's row in the shared table: [batch, features]."""
-    ids = tf.stack([tf.cast(features[f"cat_{f}"], tf.int64)
-                    for f in range(self._num_features)], axis=1)
-    return ids + self._offsets
+    return tf.cast(features["cat"], tf.int64) + self._offsets
 
   def logits(self, rows, mlp_weights, features) -> tf.Tensor:
     """The click logit from looked-up rows [batch, features, dim] and the MLP's weights."""
@@ -294,6 +295,11 @@ class FusedAdagrad(pull_push.DeduplicateOnDevice, tf_keras.optimizers.Adagrad):
           var=variable.handle, accum=accumulator.handle, lr=lr, epsilon=epsilon, grad=grad)
 
 
+def _labels(example) -> tf.Tensor:
+  """An example's clicks as float [batch, 1]."""
+  return tf.cast(example["label"], tf.float32)
+
+
 def _loss(labels, logits):
   return tf_keras.losses.binary_crossentropy(labels, logits, from_logits=True)
 
@@ -330,14 +336,14 @@ class CtrTrainer(orbit.StandardTrainer):
     # can copy the gradients to the worker and back (see pull_push).
     skip_aggregation = self.strategy.num_replicas_in_sync == 1
 
-    def step_fn(inputs):
-      features, labels = inputs
-      pulled = pull_push.pull(tables=[(model.table, model.ids(features))],
+    def step_fn(example):
+      labels = _labels(example)
+      pulled = pull_push.pull(tables=[(model.table, model.ids(example))],
                               dense=[model.mlp.packed])
       with tf.GradientTape() as tape:
         tape.watch(pulled.values)
         (rows,), (mlp_weights,) = pulled.lookups(), pulled.dense()
-        loss = tf.reduce_mean(_loss(labels, model.logits(rows, mlp_weights, features)))
+        loss = tf.reduce_mean(_loss(labels, model.logits(rows, mlp_weights, example)))
       self.optimizer.apply_gradients(pulled.gradients(tape.gradient(loss, pulled.values)),
                                      skip_gradients_aggregation=skip_aggregation)
       return loss
@@ -360,9 +366,9 @@ class CtrEvaluator(orbit.StandardEvaluator):
     self.loss.reset_state()
 
   def eval_step(self, iterator):
-    def step_fn(inputs):
-      features, labels = inputs
-      logits = self.model(features, training=False)
+    def step_fn(example):
+      labels = _labels(example)
+      logits = self.model(example, training=False)
       self.auc.update_state(labels, tf.sigmoid(logits))
       self.loss.update_state(_loss(labels, logits))
 
@@ -375,8 +381,7 @@ class CtrEvaluator(orbit.StandardEvaluator):
 def build_model(config: CtrConfig, seed: int) -> CtrModel:
   """The model with its variables created (call inside the strategy's scope)."""
   model = CtrModel(config, seed)
-  example, _ = make_examples(tf.range(2, dtype=tf.int64), config, seed, _TRAIN)
-  model(example)
+  model(make_examples(tf.range(2, dtype=tf.int64), config, seed, _TRAIN))
   return model
 
 

@@ -25,14 +25,17 @@ directory, and every run with the same settings reads the same files:
   TFRecord inputs do, because the reader pays per record and the parser per
   key and record: read as one example per record with a key per feature, the
   default batch costs about twice the CPU (docs/benchmarks.md, "Positioned
-  input"). Any TF pipeline reads them with `parse_example` and a reshape.
+  input"; with three keys, one example per record reads a shard with about
+  twice the CPU too). Any TF pipeline reads them with `parse_example` and a
+  reshape.
   Blocks in example order, `records_per_file` to a file (the last may be
   shorter): file i holds examples [i * R * k, (i + 1) * R * k).
 * Fast: NumPy builds the records a file at a time (`example_records`), a
   thread per core: 3.4-5.1 s for the default 2**20 examples (175 MB) on 2
   idle cores, longer when they are busy (19 s at load 5).
 
-Reading (`TrainFiles.dataset_fn`) gives ONE epoch. Shard s of S is a
+Reading (`TrainFiles.dataset_fn`) gives ONE epoch of batches, each one dict
+(`ExamplesFn`'s). Shard s of S is a
 contiguous run of whole batches in the global order (batches
 [s * T // S, (s + 1) * T // S) of T), read from only the files it spans:
 the records before its first are skipped within its first file, as raw
@@ -55,7 +58,6 @@ import uuid
 from typing import Callable, Mapping
 
 from absl import logging
-import numpy as np
 import tensorflow as tf
 
 from tfps.coordinator import example_records
@@ -66,10 +68,10 @@ _MANIFEST = "manifest.json"
 _OWNER = "owner.json"  # Who wrote the set (in a temporary directory: who is writing it).
 _TEMP_PREFIX = ".tmp-"
 
-# The synthetic examples [start, end): (features, labels [n, 1]) as tensors,
-# features `cat_<f>` [n] int64 and `dense` [n, num_dense] float32; the
-# model's inputs, also what reading the files gives (the ids split per feature).
-ExamplesFn = Callable[[tf.Tensor], tuple[Mapping[str, tf.Tensor], tf.Tensor]]
+# The synthetic examples `index` as one dict of tensors: `cat` [n, features]
+# int64, `dense` [n, num_dense] float32, `label` [n, 1] int64 (0 or 1); also
+# what reading the files gives.
+ExamplesFn = Callable[[tf.Tensor], Mapping[str, tf.Tensor]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,17 +143,19 @@ class TrainFiles:
     per_file = settings.records_per_file
     k = settings.examples_per_record
     num_features, num_dense = len(settings.vocab_sizes), settings.num_dense
-    spec = {"cat": tf.io.FixedLenFeature([k * num_features], tf.int64),
-            "dense": tf.io.FixedLenFeature([k * num_dense], tf.float32),
-            "label": tf.io.FixedLenFeature([k], tf.int64)}
+    # Parsed by a dataset op rather than inside `map`: functions are instantiated
+    # again for every iterator, and a positioned input makes one per closure
+    # (docs/benchmarks.md, "The ctr's file input").
+    parse = tf.data.experimental.parse_example_dataset({
+        "cat": tf.io.FixedLenFeature([k * num_features], tf.int64),
+        "dense": tf.io.FixedLenFeature([k * num_dense], tf.float32),
+        "label": tf.io.FixedLenFeature([k], tf.int64)})
 
-    def parse(serialized):
-      """Records [n] -> the model's features and labels of their n * k examples."""
-      blocks = tf.io.parse_example(serialized, spec)
-      ids = tf.reshape(blocks["cat"], [-1, num_features])
-      features = {f"cat_{f}": ids[:, f] for f in range(num_features)}
-      features["dense"] = tf.reshape(blocks["dense"], [-1, num_dense])
-      return features, tf.cast(tf.reshape(blocks["label"], [-1, 1]), tf.float32)
+    def examples(blocks):
+      """n records' blocks -> their n * k examples (one dict, as the model reads them)."""
+      return {"cat": tf.reshape(blocks["cat"], [-1, num_features]),
+              "dense": tf.reshape(blocks["dense"], [-1, num_dense]),
+              "label": tf.reshape(blocks["label"], [-1, 1])}
 
     def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
       shards = input_context.num_input_pipelines
@@ -169,9 +173,9 @@ class TrainFiles:
       # in batches, not per record.
       records = tf.data.TFRecordDataset(files).skip(first_record - first_file * per_file)
       if batch_size % k == 0:  # Whole blocks per batch: parsed as read.
-        batches = records.batch(batch_size // k).map(parse)
+        batches = records.batch(batch_size // k).apply(parse).map(examples)
       else:  # Batches cut blocks: parsed per file's worth, then split and rebatched.
-        batches = (records.batch(per_file).map(parse).unbatch()
+        batches = (records.batch(per_file).apply(parse).map(examples).unbatch()
                    .skip(first - first_record * k).batch(batch_size))
       # A positioned input builds a new iterator for every closure's chunk, and
       # tf.data's default graph rewrites were about half of that (34 -> 16 ms
@@ -243,13 +247,11 @@ def _write_files(directory: str, settings: DataSettings,
   def write(index: int) -> tuple[str, int, int]:
     start, end = settings.file_records(index)
     k = settings.examples_per_record
-    features, labels = examples_fn(tf.range(start * k, end * k, dtype=tf.int64))
-    ids = np.stack([features[f"cat_{f}"].numpy() for f in range(len(settings.vocab_sizes))],
-                   axis=1)  # [examples, features]: a block's ids are its rows, in order.
-    ints = {"cat": ids.reshape(end - start, -1),
-            "label": labels.numpy().reshape(end - start, k).astype(np.int64)}
-    dense = features["dense"].numpy().reshape(end - start, -1)
-    data, offsets = example_records.encode(ints, {"dense": dense})
+    examples = examples_fn(tf.range(start * k, end * k, dtype=tf.int64))
+    # [examples, values] -> [records, k * values]: a block's examples in order.
+    block = lambda key: examples[key].numpy().reshape(end - start, -1)
+    data, offsets = example_records.encode({"cat": block("cat"), "label": block("label")},
+                                           {"dense": block("dense")})
     name = _file_name(settings, index)
     with tf.io.TFRecordWriter(os.path.join(directory, name)) as writer:
       for begin, stop in zip(offsets[:-1], offsets[1:]):

@@ -33,6 +33,7 @@ import tensorflow as tf
 from tfps.cluster import readiness
 from tfps.cluster import spec as spec_lib
 from tfps.base import messages
+from tfps.coordinator import checkpoints
 from tfps.coordinator import ps_state
 from tfps.base import errors
 from tfps.recovery import events as events_lib
@@ -45,7 +46,7 @@ _GONE_PROBE_SECONDS = 0.5
 
 class LoopGuard:
   def __init__(self, *, interrupts: interrupts_lib.Interrupts,
-               manager: tf.train.CheckpointManager, global_step: tf.Variable,
+               manager: checkpoints.Manager, global_step: tf.Variable,
                cluster: spec_lib.ClusterSpec, model_dir: str,
                sentinels: ps_state.PsSentinels | None = None):
     self._interrupts = interrupts
@@ -132,12 +133,14 @@ class LoopGuard:
       raise ps_state.PsStateLost(f"{lost} at step {step}; {saved}") from lost
 
   def _save(self) -> tuple[int, str]:
-    """Saves the current step, unless the latest checkpoint already holds it."""
+    """Saves the current step, unless the latest checkpoint already holds it; returns
+    once it is on disk (the caller acts on it: answers a notice, exits)."""
+    self._manager.sync()  # A background write of this very step may be under way.
     step = int(self._global_step.numpy())
     latest = self._manager.latest_checkpoint
     if latest is not None and latest.endswith(f"-{step}"):
       return step, latest
-    path = self._manager.save(checkpoint_number=step, check_interval=False)
+    path = self._manager.save_now(step)
     logging.info("saved %s (interrupt)", path)
     return step, path
 

@@ -47,11 +47,23 @@ _MAX_DEFAULT_SHARDS = 256
 _ENDLESS_BATCHES = 2**40
 
 
+# The tensor name of a PythonState's value in a checkpoint (TensorFlow's).
+_PY_STATE = "py_state"
+
+
 class LedgerState(tf.train.experimental.PythonState):
-  """The input ledger as a checkpointed object (saved and restored with the model)."""
+  """The input ledger as a checkpointed object (saved and restored with the model).
+
+  Saved as any `PythonState` (its JSON), from a string variable on the chief
+  that `capture()` fills: an asynchronous save snapshots variables, not
+  Python objects, so the ledger must be in one when the model's variables
+  are copied (`checkpoints.Manager` captures it before every save).
+  """
 
   def __init__(self):
     self.ledger: ledger_lib.InputLedger | None = None
+    with tf.init_scope():
+      self._text = tf.Variable("", dtype=tf.string, trainable=False, name="input_ledger")
 
   def serialize(self) -> str:
     if self.ledger is None:
@@ -61,6 +73,37 @@ class LedgerState(tf.train.experimental.PythonState):
   def deserialize(self, string_value) -> None:
     text = string_value.decode("utf-8") if isinstance(string_value, bytes) else string_value
     self.ledger = ledger_lib.InputLedger.from_json(text)
+
+  def capture(self) -> None:
+    """The ledger as it is now is what the next save writes."""
+    with tf.init_scope():
+      self._text.assign(self.serialize())
+
+  def _serialize_to_tensors(self):  # A synchronous save: the ledger now.
+    self.capture()
+    with tf.init_scope():
+      return {_PY_STATE: self._text.read_value()}
+
+  def _copy_trackable_to_cpu(self, object_map):
+    """An asynchronous save's snapshot: the captured ledger, copied beside the variables.
+
+    Runs inside TensorFlow's snapshot function (traced once), so it copies the
+    variable with a graph op instead of reading the ledger in Python.
+    """
+    if self not in object_map:
+      object_map[self] = _LedgerSnapshot(self._text)
+    object_map[self].text.assign(self._text)
+
+
+class _LedgerSnapshot(tf.__internal__.tracking.Trackable):
+  """What an asynchronous save writes for a `LedgerState`: a copy of its captured text."""
+
+  def __init__(self, source: tf.Variable):
+    with tf.init_scope(), tf.device(source.device):
+      self.text = tf.Variable("", dtype=tf.string, trainable=False, name="input_ledger_snapshot")
+
+  def _serialize_to_tensors(self):
+    return {_PY_STATE: self.text.read_value()}
 
 
 class PositionedInput:

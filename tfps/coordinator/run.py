@@ -67,28 +67,42 @@ class _Discard(io.TextIOBase):
     return len(text)
 
 
-class _StepCountWarning(py_logging.Filter):
-  """Drops Orbit's "did not update `global_step` by N" warning.
+class _RoutineLines(py_logging.Filter):
+  """Drops lines that say nothing to a person watching the chief.
 
-  The global step counts each scheduled step once (`trainer.PSTrainer` takes
-  back the steps TensorFlow re-ran in retried closures, and reports them), so
-  the warning can only mean a loop cut short by an interrupt, which the
-  trainer logs itself before the chief saves.
+  Orbit's "did not update `global_step` by N" warning: the global step
+  counts each scheduled step once (`trainer.PSTrainer` takes back the steps
+  TensorFlow re-ran in retried closures, and reports them), so it can only
+  mean a loop cut short by an interrupt, which the trainer logs itself before
+  the chief saves. TensorFlow's asynchronous checkpoint writer says three
+  lines per save (started, synced, its counter); Orbit's "saved checkpoint"
+  line stays. And the strategy's "invoked without using
+  `ClusterCoordinator.schedule`" warning from the fast start's background
+  trace: once per step of the written-out closure it traces (not runs).
   """
 
+  _DROPPED = ("did not update `global_step`", "Starting async checkpoint save",
+              "Sync on ongoing save/restore", "Initializing async checkpoint's save_counter",
+              "Sync on async checkpoint saving")
+
   def filter(self, record: py_logging.LogRecord) -> bool:
-    return "did not update `global_step`" not in str(record.msg)
+    message = str(record.msg)
+    if record.threadName == trainer_lib.BACKGROUND_TRACE_THREAD:
+      return "without using `ClusterCoordinator.schedule`" not in message
+    return not any(part in message for part in self._DROPPED)
 
 
 @contextlib.contextmanager
-def _orbit_step_warning_dropped():
-  orbit_filter = _StepCountWarning()
-  logger = py_logging.getLogger("absl")
-  logger.addFilter(orbit_filter)
+def _routine_lines_dropped():
+  routine = _RoutineLines()
+  loggers = [py_logging.getLogger(name) for name in ("absl", "tensorflow")]
+  for logger in loggers:
+    logger.addFilter(routine)
   try:
     yield
   finally:
-    logger.removeFilter(orbit_filter)
+    for logger in loggers:
+      logger.removeFilter(routine)
 
 
 class _Controller(orbit.Controller):
@@ -306,9 +320,11 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
   with runtime.strategy.scope():
     checkpoint = tf.train.Checkpoint(global_step=global_step, **experiment.checkpoint_items,
                                      **input_items)
-  manager = tf.train.CheckpointManager(
-      checkpoint, config.model_dir, max_to_keep=config.max_to_keep,
-      step_counter=global_step, checkpoint_interval=config.checkpoint_interval)
+  manager = checkpoints.Manager(
+      checkpoint, config.model_dir, asynchronous=config.async_checkpoint,
+      before_save=[trainer.input_state.capture] if positioned else [],
+      max_to_keep=config.max_to_keep, step_counter=global_step,
+      checkpoint_interval=config.checkpoint_interval)
   with _classified_errors("preparing the experiment"):
     sentinels = ps_state.PsSentinels(runtime.cluster)
   guard = loop_guard.LoopGuard(interrupts=interrupts, manager=manager,
@@ -325,14 +341,15 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
   eval_output = None
   background_done = getattr(trainer, "wait_for_background", lambda: None)
   # orbit.Controller prints its log lines on stdout as well as logging them.
-  with contextlib.redirect_stdout(_Discard()), _orbit_step_warning_dropped():
+  with contextlib.redirect_stdout(_Discard()), _routine_lines_dropped():
     controller = _Controller(
         experiment_name=config.experiment, before_evaluate=background_done,
         global_step=global_step, trainer=measured,
         evaluator=evaluator, strategy=runtime.strategy,
         steps_per_loop=lambda step: _loop_size(
             int(step), config.steps_per_loop, config.checkpoint_interval),
-        checkpoint_manager=manager, summary_dir=config.model_dir,
+        checkpoint_manager=manager, enable_async_checkpointing=config.async_checkpoint,
+        summary_dir=config.model_dir,
         eval_summary_dir=os.path.join(config.model_dir, "eval"))
     start_step = int(global_step.numpy())
     ledger = trainer.ensure_ledger() if positioned else None  # Restored, else measured now.
@@ -372,6 +389,8 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
       with _classified_errors("evaluation"):
         eval_output = controller.evaluate(steps=eval_steps)
     background_done()  # No thread left tracing when the coordinator returns.
+    with _classified_errors("writing the last checkpoint"):
+      manager.sync()  # Training's last save is on disk before the result says so.
 
   return CoordinatorResult(
       status=RunStatus.FINISHED, experiment=config.experiment, mode=config.mode,
@@ -381,4 +400,6 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
       steps_per_sec=measured.steps_per_sec if measured else 0.0,
       train_seconds=measured.seconds if measured else 0.0,
       eval=_floats(eval_output), checkpoint=manager.latest_checkpoint,
-      model_dir=config.model_dir, input=_input_summary(trainer, ledger))
+      model_dir=config.model_dir, input=_input_summary(trainer, ledger),
+      checkpoint_saves=manager.saves,
+      checkpoint_stall_seconds=round(manager.stall_seconds, 3))

@@ -86,6 +86,7 @@ from tfps.base import messages
 DEFAULT_UNROLL = 50
 # A bound on waiting for the background trace (fast start): it takes seconds.
 _BACKGROUND_TRACE_SECONDS = 300.0
+BACKGROUND_TRACE_THREAD = "tfps-trace-closure"  # Its name (the chief's log filter).
 
 
 def plan_closures(num_steps: int, steps_per_closure: int, num_workers: int) -> list[int]:
@@ -313,7 +314,7 @@ class PSTrainer(orbit.StandardTrainer):
     def start_tracing_once() -> None:
       if self._tracer is None and not self.full_closure_ready.is_set():
         self._tracer = threading.Thread(target=trace_full_closure, daemon=True,
-                                        name="tfps-trace-closure")
+                                        name=BACKGROUND_TRACE_THREAD)
         self._tracer.start()
 
     def schedule(size: int, use_full: bool, *source):
