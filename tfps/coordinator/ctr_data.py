@@ -31,8 +31,9 @@ directory, and every run with the same settings reads the same files:
   Blocks in example order, `records_per_file` to a file (the last may be
   shorter): file i holds examples [i * R * k, (i + 1) * R * k).
 * Fast: NumPy builds the records a file at a time (`example_records`), a
-  thread per core: 3.4-5.1 s for the default 2**20 examples (175 MB) on 2
-  idle cores, longer when they are busy (19 s at load 5).
+  thread per core: 0.9-1.5 s for the default 2**20 examples (49 MB) on 2
+  idle cores here (`python scripts/ctr_input_cost.py`), longer when they
+  are busy.
 
 Reading (`TrainFiles.dataset_fn`) gives ONE epoch of batches, each one dict
 (`ExamplesFn`'s). Shard s of S is a
