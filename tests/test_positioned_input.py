@@ -143,6 +143,7 @@ def test_a_fast_start_switches_to_the_written_out_closure_and_reads_each_batch_o
   ps_trainer.train(tf.constant(40))  # The rest of the epoch, written out.
   ps_trainer.wait_for_background()
   assert closures.names[4:] == ["full_closure"] * 8, closures.names
+  assert ps_trainer.workers_kept_warm  # Their warm-ups, too, trained nothing (below).
   assert np.array_equal(counts.numpy(), np.ones(EXAMPLES, np.int32))  # Each batch once.
   assert int(step.numpy()) == EPOCH
 
@@ -157,6 +158,7 @@ def test_without_a_fast_start_every_full_closure_is_written_out(runtime):
                                      steps_per_closure=5, fast_start=False)
   ps_trainer.train(tf.constant(20))
   assert closures.names == ["full_closure"] * 4 and ps_trainer.full_closure_ready.is_set()
+  assert ps_trainer.workers_kept_warm and int(step.numpy()) == 20
 
 
 def test_orbits_step_count_warning_does_not_reach_the_log(caplog):

@@ -89,8 +89,17 @@ def _healthy(request):
   yield
 
 
+def _warm_ups(run, task: str) -> int:
+  """Times the chief instantiated the train closures on `task` ahead of its closures."""
+  return run.log().count(f"{task}: train closures instantiated in")
+
+
 def test_worker_killed_and_restarted_training_goes_on(run):
   worker = run.cluster.worker(1)
+  # Once the written-out closure is in use, workers are kept warm (warm_up.py).
+  run.wait_for(lambda: _warm_ups(run, "worker:1") >= 1, timeout=180,
+               what="the train closures kept warm on worker:1")
+  warm_ups = _warm_ups(run, "worker:1")
   restores = len(run.restores)
   step = run.step
   worker.kill(signal.SIGKILL)
@@ -100,6 +109,10 @@ def test_worker_killed_and_restarted_training_goes_on(run):
   run.wait_for_work([worker])  # Re-admitted: the returning worker runs closures again.
   run.wait_for_step(step)
   assert len(run.restores) == restores  # No coordinator restart.
+  # Warmed before TF handed it a closure; the input check after the rows
+  # shows the warm-up trained nothing.
+  run.wait_for(lambda: _warm_ups(run, "worker:1") > warm_ups, timeout=60,
+               what="worker:1 warmed again after its restart")
   # Logged readably: a few summary lines, none of TF's raw gRPC records.
   lines = [l for l in run.log().splitlines() if l.startswith("grpc: ") and "worker:1" in l]
   assert 1 <= len(lines) <= 3, lines

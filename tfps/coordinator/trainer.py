@@ -31,9 +31,16 @@ loss. With positioned input, a coordinator therefore starts with the looped
 closure (one step per iteration, traced in a fraction of the time) for
 every closure size, and traces the written-out one in a background thread
 once its first loop has run (the first trace creates the optimizer's slot
-variables; two traces at once must not). From the loop after that trace
-ends, full-size closures are the written-out ones. The steps and their
+variables; two traces at once must not), then instantiates it on the
+workers one at a time while the others train (`warm_up`). From the loop
+after that ends, full-size closures are the written-out ones. The steps and their
 order are the same either way; only their cost changes.
+
+Warm workers: a worker that TensorFlow takes back after a restart has
+neither closure instantiated; a per-worker resource has TF instantiate both
+on it before it hands that worker a closure (`warm_up.warm_workers`),
+so no loop waits for a cold worker. A closure called with `train` false (its
+first argument) runs no step: that is how both warm-ups call it.
 
 Step logs: a `train_step` may return its step's logs, a dict of scalars
 such as `{"loss": loss}`. They are summed inside the closure (no per-step
@@ -74,6 +81,7 @@ from tfps.coordinator import ledger as ledger_lib
 from tfps.coordinator import positioned as positioned_lib
 from tfps.coordinator import step_logs
 from tfps.coordinator import strategy as strategy_lib
+from tfps.coordinator import warm_up
 from tfps.base import errors
 from tfps.base import messages
 
@@ -86,6 +94,9 @@ from tfps.base import messages
 DEFAULT_UNROLL = 50
 # A bound on waiting for the background trace (fast start): it takes seconds.
 _BACKGROUND_TRACE_SECONDS = 300.0
+# A bound on instantiating it on the workers (seconds each, all at once); a
+# worker stopped or unreachable past it is left cold rather than waited for.
+_WARM_UP_SECONDS = 120.0
 BACKGROUND_TRACE_THREAD = "tfps-trace-closure"  # Its name (the chief's log filter).
 
 
@@ -162,6 +173,7 @@ class PSTrainer(orbit.StandardTrainer):
     self._fast_start = fast_start
     self.full_closure_ready = threading.Event()  # Full-size closures are written out.
     self._tracer: threading.Thread | None = None  # The background trace, once started.
+    self._warm_resources = None  # Kept: TF forgets a per-worker resource nobody holds.
     self.closures_scheduled = 0
     self.reexecuted_steps = 0
     self.last_loop = LoopInput()
@@ -194,6 +206,11 @@ class PSTrainer(orbit.StandardTrainer):
   def ledger(self) -> ledger_lib.InputLedger | None:
     """The input ledger (measured or restored), None for endless input."""
     return self.ensure_ledger() if self._positioned is not None else None
+
+  @property
+  def workers_kept_warm(self) -> bool:
+    """True once TF re-instantiates the closures on a worker it takes back (`warm_up`)."""
+    return self._warm_resources is not None
 
   def ensure_ledger(self) -> ledger_lib.InputLedger:
     """The ledger restored from a checkpoint, else the input measured now (once)."""
@@ -268,28 +285,39 @@ class PSTrainer(orbit.StandardTrainer):
     peeled = full_size % unroll or min(unroll, full_size)
     iterations = (full_size - peeled) // unroll
 
+    # Both closures take `train` first: false runs no step and only
+    # instantiates the function on the worker (a warm-up, see `warm_up`).
     @tf.function
-    def full_closure(*source):
-      iterator = make_iterator(*source)
-      # The first step's logs (if any) give the structure of the running sums.
-      sums = step_logs.start(train_step(iterator), what)
-      for _ in range(peeled - 1):  # Python: written out.
-        sums = step_logs.add(sums, train_step(iterator), what)
-      if iterations:  # Python: known when traced.
-        for _ in tf.range(iterations):  # A tf.while_loop on the worker.
-          for _ in range(unroll):
-            sums = step_logs.add(sums, train_step(iterator), what)
-      return sums
+    def full_closure(train, *source):
+      def steps():
+        iterator = make_iterator(*source)
+        # The first step's logs (if any) give the structure of the running sums.
+        sums = step_logs.start(train_step(iterator), what)
+        for _ in range(peeled - 1):  # Python: written out.
+          sums = step_logs.add(sums, train_step(iterator), what)
+        if iterations:  # Python: known when traced.
+          for _ in tf.range(iterations):  # A tf.while_loop on the worker.
+            for _ in range(unroll):
+              sums = step_logs.add(sums, train_step(iterator), what)
+        return sums
+      return warm_up.train_or_skip(train, steps)
 
     # Any other size (a loop's last closure, or closures shrunk so that every
     # worker gets one): one step per loop iteration, traced once for all sizes.
     @tf.function
-    def other_closure(num_steps, *source):
-      iterator = make_iterator(*source)
-      sums = step_logs.start(train_step(iterator), what)
-      for _ in tf.range(num_steps - 1):
-        sums = step_logs.add(sums, train_step(iterator), what)
-      return sums
+    def other_closure(train, num_steps, *source):
+      def steps():
+        iterator = make_iterator(*source)
+        sums = step_logs.start(train_step(iterator), what)
+        for _ in tf.range(num_steps - 1):
+          sums = step_logs.add(sums, train_step(iterator), what)
+        return sums
+      return warm_up.train_or_skip(train, steps)
+
+    train = tf.constant(True)
+    # A positioned closure's arguments for a warm-up: nothing is read.
+    skip = (tf.constant(False), tf.constant(0, tf.int64), tf.constant(0, tf.int64))
+    specs = (tf.TensorSpec([], tf.bool), tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64))
 
     background = self._fast_start and self._positioned is not None and (
         full_size > 1 and unroll > 1)
@@ -300,16 +328,35 @@ class PSTrainer(orbit.StandardTrainer):
       start = time.perf_counter()
       try:
         with strategy.scope():  # The scope is per thread; schedule() looks it up in it.
-          full_closure.get_concrete_function(tf.TensorSpec([], tf.int64),
-                                             tf.TensorSpec([], tf.int64))
+          calls = warm_calls()
       except Exception as e:  # pylint: disable=broad-except  (keep the looped closure)
         logging.warning("tracing the written-out closure failed; keeping the looped one "
                         "(%s: %s)", type(e).__name__, messages.one_line(e))
         return
-      logging.info("written-out closure of %d steps traced in %.1fs (in the background); "
-                   "full-size closures use it from the next loop", full_size,
-                   time.perf_counter() - start)
+      traced = time.perf_counter()
+      # Instantiated on the workers one at a time, each on its own thread,
+      # while the others train: the first loop of written-out closures then
+      # waits for no cold worker. Kept: TF warms a worker it takes back again.
+      self._warm_resources, not_warmed = warm_up.warm_workers(
+          coordinator, calls, wait_each=_WARM_UP_SECONDS)
+      warm_up.log_not_warmed(not_warmed, "the written-out closure")
+      logging.info("written-out closure of %d steps traced in %.1fs and instantiated on the "
+                   "workers in %.1fs (in the background); full-size closures use it from the "
+                   "next loop", full_size, traced - start, time.perf_counter() - traced)
       self.full_closure_ready.set()
+
+    def warm_calls() -> list[warm_up.Call]:
+      """Both closures, called to run no step (in the strategy's scope: traced as scheduled)."""
+      return [(full_closure.get_concrete_function(*specs), skip),
+              (other_closure.get_concrete_function(specs[0], tf.TensorSpec([], tf.int32),
+                                                   *specs[1:]),
+               (skip[0], tf.constant(1, tf.int32), *skip[1:]))]
+
+    def keep_warm() -> None:
+      """Has TF warm a worker it takes back before handing it closures (`warm_up`)."""
+      with strategy.scope():
+        self._warm_resources, _ = warm_up.warm_workers(coordinator, warm_calls(),
+                                                       wait_each=None)
 
     def start_tracing_once() -> None:
       if self._tracer is None and not self.full_closure_ready.is_set():
@@ -319,8 +366,9 @@ class PSTrainer(orbit.StandardTrainer):
 
     def schedule(size: int, use_full: bool, *source):
       if size == full_size and use_full:
-        return coordinator.schedule(full_closure, args=source)
-      return coordinator.schedule(other_closure, args=(tf.constant(size, tf.int32), *source))
+        return coordinator.schedule(full_closure, args=(train, *source))
+      return coordinator.schedule(other_closure,
+                                  args=(train, tf.constant(size, tf.int32), *source))
 
     def sources(iterator, num_steps: int):
       """(size, closure arguments, chunk) of each closure of the loop, taken as scheduled."""
@@ -367,6 +415,8 @@ class PSTrainer(orbit.StandardTrainer):
           [(size, remote.fetch()) for size, remote in scheduled])
       if background:
         start_tracing_once()  # After a loop: the looped closure has created every variable.
+      if use_full and self._positioned is not None and self._warm_resources is None:
+        keep_warm()  # Both closures are traced now (and instantiated on the workers).
 
     return loop_fn
 
