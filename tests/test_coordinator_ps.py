@@ -655,9 +655,11 @@ def test_a_failed_background_write_is_raised_by_sync_and_not_indexed(runtime, tm
   assert manager.latest_checkpoint is None
 
 
-def test_the_checkpoint_cost_bench_times_both_kinds_of_save(runtime, tmp_path):
+def test_the_checkpoint_cost_bench_times_both_kinds_of_save(runtime, tmp_path, caplog):
   from tfps.bench import checkpoint_cost
-  row, = checkpoint_cost.measure(runtime, (200_000,), str(tmp_path), repeats=1)
+  with caplog.at_level("INFO"):
+    row, = checkpoint_cost.measure(runtime, (200_000,), str(tmp_path), repeats=1)
+  assert "async checkpoint" not in caplog.text  # TF's per-save lines, as in the chief's log.
   assert row["parameters"] == 200_000 and row["checkpoint_bytes"] >= 2 * 200_000 * 4
   for key in ("save_seconds", "async_first_seconds", "async_return_seconds",
               "async_write_seconds", "restore_seconds"):

@@ -163,7 +163,7 @@ def test_without_a_fast_start_every_full_closure_is_written_out(runtime):
 
 def test_orbits_step_count_warning_does_not_reach_the_log(caplog):
   from absl import logging  # pylint: disable=import-outside-toplevel
-  with caplog.at_level("WARNING"), coordinator_run._routine_lines_dropped():
+  with caplog.at_level("WARNING"), coordinator_run.routine_lines_dropped():
     logging.warning("`trainer.train(100)` did not update `global_step` by 100. Old value ...")
     logging.warning("another warning")
   assert "did not update" not in caplog.text and "another warning" in caplog.text

@@ -93,7 +93,8 @@ class _RoutineLines(py_logging.Filter):
 
 
 @contextlib.contextmanager
-def _routine_lines_dropped():
+def routine_lines_dropped():
+  """Filters `_RoutineLines` out of the absl and TensorFlow loggers while it is open."""
   routine = _RoutineLines()
   loggers = [py_logging.getLogger(name) for name in ("absl", "tensorflow")]
   for logger in loggers:
@@ -341,7 +342,7 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
   eval_output = None
   background_done = getattr(trainer, "wait_for_background", lambda: None)
   # orbit.Controller prints its log lines on stdout as well as logging them.
-  with contextlib.redirect_stdout(_Discard()), _routine_lines_dropped():
+  with contextlib.redirect_stdout(_Discard()), routine_lines_dropped():
     controller = _Controller(
         experiment_name=config.experiment, before_evaluate=background_done,
         global_step=global_step, trainer=measured,
