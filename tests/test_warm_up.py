@@ -156,6 +156,7 @@ def test_without_waiting_every_worker_gets_its_warm_up_at_once():
 @pytest.mark.parametrize("device, task", [
     ("/job:worker/replica:0/task:1/device:CPU:0", "worker:1"),
     ("/job:worker/replica:0/task:12", "worker:12"),
+    ("every worker", "every worker"),
 ])
 def test_a_device_is_named_as_its_task(device, task):
   assert warm_up._task(device) == task  # pylint: disable=protected-access

@@ -173,6 +173,7 @@ class PSTrainer(orbit.StandardTrainer):
     self._fast_start = fast_start
     self.full_closure_ready = threading.Event()  # Full-size closures are written out.
     self._tracer: threading.Thread | None = None  # The background trace, once started.
+    self._traced = threading.Event()  # Its tracing is over (its warm-up may go on).
     self._warm_resources = None  # Kept: TF forgets a per-worker resource nobody holds.
     self.closures_scheduled = 0
     self.reexecuted_steps = 0
@@ -229,11 +230,12 @@ class PSTrainer(orbit.StandardTrainer):
 
     Called before an evaluation (whose traces must not run beside it: both
     call the user's model and metrics) and when training has ended, so that
-    no thread is left tracing. The trace needs no cluster, so it ends.
+    no thread is left tracing. The trace needs no cluster, so it ends. The
+    workers' warm-up after it is not waited for: it only waits for workers
+    (each wait bounded), and TF runs it on their threads between closures.
     """
     if self._tracer is not None:
-      self._tracer.join(timeout)
-      if self._tracer.is_alive():
+      if not self._traced.wait(timeout):
         logging.warning("the written-out closure is still being traced after %.0fs; "
                         "going on beside it", timeout)
 
@@ -333,12 +335,17 @@ class PSTrainer(orbit.StandardTrainer):
         logging.warning("tracing the written-out closure failed; keeping the looped one "
                         "(%s: %s)", type(e).__name__, messages.one_line(e))
         return
+      finally:
+        self._traced.set()
       traced = time.perf_counter()
-      # Instantiated on the workers one at a time, each on its own thread,
+      # Instantiated on the workers a few at a time, each on its own thread,
       # while the others train: the first loop of written-out closures then
       # waits for no cold worker. Kept: TF warms a worker it takes back again.
-      self._warm_resources, not_warmed = warm_up.warm_workers(
-          coordinator, calls, wait_each=_WARM_UP_SECONDS)
+      try:
+        self._warm_resources, not_warmed = warm_up.warm_workers(
+            coordinator, calls, wait_each=_WARM_UP_SECONDS)
+      except Exception as e:  # pylint: disable=broad-except  (e.g. the coordinator stopped)
+        not_warmed = {"every worker": f"{type(e).__name__}: {messages.one_line(e)}"}
       warm_up.log_not_warmed(not_warmed, "the written-out closure")
       logging.info("written-out closure of %d steps traced in %.1fs and instantiated on the "
                    "workers in %.1fs (in the background); full-size closures use it from the "

@@ -138,7 +138,9 @@ def _warm_up_fn(calls: Sequence[Call], device: str, done: threading.Event,
 def _task(device: str) -> str:
   """'/job:worker/replica:0/task:1/device:CPU:0' -> 'worker:1'."""
   parts = dict(part.split(":", 1) for part in device.strip("/").split("/") if ":" in part)
-  return f"{parts.get('job', '?')}:{parts.get('task', '?')}"
+  if "job" not in parts:
+    return device
+  return f"{parts['job']}:{parts.get('task', '0')}"
 
 
 def log_not_warmed(not_warmed: dict[str, str], what: str) -> None:
