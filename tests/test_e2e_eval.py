@@ -78,7 +78,11 @@ CLIENT = textwrap.dedent(f'''
                                ctr.train_dataset_fn(config, 3, 256, data_dir=data_dir))
       evaluator = ctr.CtrEvaluator(model, ctr.eval_dataset_fn(config, 3, 256))
     # Trained a little, so that the metrics are those of a real model.
-    trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=10).train(tf.constant(40))
+    ps_trainer = trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=10)
+    ps_trainer.train(tf.constant(40))
+    # Its fast start traces and warms the workers in the background; done
+    # before the evaluations, so that the kill lands on an evaluation closure.
+    assert ps_trainer.full_closure_ready.wait(timeout=300), "the background trace never ended"
     ps_evaluator = evaluator_lib.PSEvaluator(evaluator, runtime, num_shards={NUM_SHARDS})
 
 
