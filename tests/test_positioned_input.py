@@ -10,7 +10,6 @@ here: plain runs, a resumed run, and the input forms that are refused.
 import dataclasses
 import os
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -22,7 +21,6 @@ from tfps.coordinator import experiment as experiment_lib
 from tfps.coordinator import positioned as positioned_lib
 from tfps.coordinator import strategy as strategy_lib
 from tfps.coordinator import trainer as trainer_lib
-from tfps.coordinator import warm_up
 from tfps.recovery import coverage
 from tfps.recovery import events as events_lib
 from tfps.base import errors
@@ -148,33 +146,6 @@ def test_a_fast_start_switches_to_the_written_out_closure_and_reads_each_batch_o
   assert ps_trainer.workers_kept_warm  # Their warm-ups, too, trained nothing (below).
   assert np.array_equal(counts.numpy(), np.ones(EXAMPLES, np.int32))  # Each batch once.
   assert int(step.numpy()) == EPOCH
-
-
-def test_an_evaluation_waits_for_the_trace_not_for_the_workers_warm_up(runtime, monkeypatch,
-                                                                      caplog):
-  release = threading.Event()
-  real = warm_up.warm_workers
-
-  def held(*args, **kwargs):  # A worker that does not answer yet.
-    assert release.wait(timeout=120), "the test never released the warm-up"
-    return real(*args, **kwargs)
-
-  monkeypatch.setattr(warm_up, "warm_workers", held)
-  step = tf.Variable(0, dtype=tf.int64)
-  trainer = input_experiments.CountingTrainer(
-      tf.Variable(tf.zeros([EXAMPLES], tf.int32)), step,
-      input_experiments.dataset_fn_for(EXAMPLES, BATCH))
-  ps_trainer = trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=5)
-  try:
-    ps_trainer.train(tf.constant(20))  # The trace starts after this loop.
-    with caplog.at_level("WARNING"):
-      ps_trainer.wait_for_background(timeout=120)  # Returns with the warm-up held...
-    assert "still being traced" not in caplog.text  # ...not at its deadline.
-    assert not ps_trainer.full_closure_ready.is_set()
-  finally:
-    release.set()
-  assert ps_trainer.full_closure_ready.wait(timeout=120)
-  assert ps_trainer.workers_kept_warm
 
 
 def test_without_a_fast_start_every_full_closure_is_written_out(runtime):

@@ -173,7 +173,6 @@ class PSTrainer(orbit.StandardTrainer):
     self._fast_start = fast_start
     self.full_closure_ready = threading.Event()  # Full-size closures are written out.
     self._tracer: threading.Thread | None = None  # The background trace, once started.
-    self._traced = threading.Event()  # Its tracing is over (its warm-up may go on).
     self._warm_resources = None  # Kept: TF forgets a per-worker resource nobody holds.
     self.closures_scheduled = 0
     self.reexecuted_steps = 0
@@ -230,13 +229,15 @@ class PSTrainer(orbit.StandardTrainer):
 
     Called before an evaluation (whose traces must not run beside it: both
     call the user's model and metrics) and when training has ended, so that
-    no thread is left tracing. The trace needs no cluster, so it ends. The
-    workers' warm-up after it is not waited for: it only waits for workers
-    (each wait bounded), and TF runs it on their threads between closures.
+    no thread is left tracing. The trace needs no cluster, so it ends; the
+    workers' warm-up after it waits for each group of workers at most
+    `_WARM_UP_SECONDS`. (Not waiting for the warm-up, an evaluation beside
+    it hung an in-process cluster.)
     """
     if self._tracer is not None:
-      if not self._traced.wait(timeout):
-        logging.warning("the written-out closure is still being traced after %.0fs; "
+      self._tracer.join(timeout)
+      if self._tracer.is_alive():
+        logging.warning("the written-out closure is still being traced or warmed up after %.0fs; "
                         "going on beside it", timeout)
 
   def train_loop_begin(self):
@@ -335,8 +336,6 @@ class PSTrainer(orbit.StandardTrainer):
         logging.warning("tracing the written-out closure failed; keeping the looped one "
                         "(%s: %s)", type(e).__name__, messages.one_line(e))
         return
-      finally:
-        self._traced.set()
       traced = time.perf_counter()
       # Instantiated on the workers a few at a time, each on its own thread,
       # while the others train: the first loop of written-out closures then
