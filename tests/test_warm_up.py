@@ -7,7 +7,6 @@ warmed before its closures).
 
 import threading
 
-import pytest
 import tensorflow as tf
 
 from tfps.coordinator import warm_up
@@ -81,15 +80,15 @@ class _Coordinator:
     self._cluster = type("Cluster", (), {"workers": workers})()
 
 
-def test_workers_are_warmed_one_after_another_and_the_values_kept():
+def test_every_worker_runs_the_calls_once_and_nothing_trains():
   count, closure = _counting_closure()
-  order = []
+  ran = []
   workers = [_Worker(0), _Worker(1)]
-  calls = [(closure, (tf.constant(False), tf.constant(2))),
-           (lambda: order.append(len(order)), ())]
+  calls = [(closure, (tf.constant(False), tf.constant(2))), (lambda: ran.append(1), ())]
   kept, not_warmed = warm_up.warm_workers(_Coordinator(workers), calls, wait_each=60)
   assert len(kept) == 2 and not_warmed == {}
-  assert order == [0, 1] and int(count.numpy()) == 0  # Both ran; nothing trained.
+  assert [len(w.created) for w in workers] == [1, 1]
+  assert ran == [1, 1] and int(count.numpy()) == 0  # Both warm-ups ran; nothing trained.
 
 
 def test_a_worker_that_is_down_is_given_up_at_the_deadline_and_the_next_one_warmed():
@@ -151,12 +150,3 @@ def test_without_waiting_every_worker_gets_its_warm_up_at_once():
   kept, not_warmed = warm_up.warm_workers(_Coordinator(workers), [], wait_each=None)
   assert len(kept) == 2 and not_warmed == {}
   assert [len(w.created) for w in workers] == [1, 1]
-
-
-@pytest.mark.parametrize("device, task", [
-    ("/job:worker/replica:0/task:1/device:CPU:0", "worker:1"),
-    ("/job:worker/replica:0/task:12", "worker:12"),
-    ("every worker", "every worker"),
-])
-def test_a_device_is_named_as_its_task(device, task):
-  assert warm_up._task(device) == task  # pylint: disable=protected-access

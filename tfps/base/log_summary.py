@@ -30,6 +30,8 @@ import threading
 import time
 from typing import Callable
 
+from tfps.base import task_names
+
 # A log record starts with one of these headers; other lines continue it.
 # TF C++: "2026-01-01 12:00:00.123456: E tensorflow/...cc:123] message"
 # glog/absl (C++ and Python): "E1121 12:00:00.123456 1234 file.py:123] message"
@@ -48,7 +50,6 @@ _GRPC_CODES = {
 }
 _GRPC_CODE = re.compile(r"\b(" + "|".join(sorted(_GRPC_CODES, key=len, reverse=True)) + r")\b")
 _REMOTE_TARGET = re.compile(r"remote target (/job:\w+/replica:\d+/task:\d+)")
-_TASK = re.compile(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)")
 _ADDRESS = re.compile(r"(?:ipv[46]:)?(\[[0-9a-fA-F:]+\]|\d+\.\d+\.\d+\.\d+|localhost):(\d+)")
 _REASONS = (
     ("connection refused", re.compile(r"[Cc]onnection refused")),
@@ -226,9 +227,8 @@ def _peer(text: str) -> tuple[str, str]:
   last "remote target" in the chain. Without a task, the address stands for it.
   """
   targets = _REMOTE_TARGET.findall(text)
-  named = _TASK.search(targets[-1] if targets else text)
+  name = task_names.find_task(targets[-1] if targets else text) or ""
   address = _ADDRESS.search(text)
-  name = f"{named.group(1)}:{named.group(2)}" if named else ""
   where = f"{address.group(1)}:{address.group(2)}" if address else ""
   task = name or where or "a peer"
   return task, f"{name} ({where})" if name and where else task

@@ -19,8 +19,8 @@ both branches, so the next real call only runs.
 `ClusterCoordinator`: on the worker's own thread, before that worker's next
 closure, and again whenever TensorFlow takes the worker back, before it
 hands it a closure. Meanwhile the other workers take the closures. At a
-coordinator start the workers are warmed one at a time, so that training
-never waits for all of them at once. (Measured and dropped: calling the
+coordinator start the workers are warmed a quarter at a time (at least one),
+so that training never waits for all of them at once. (Measured and dropped: calling the
 function on each worker's device from a background thread, beside the
 running closures. It was faster on a real cluster, but two instantiations
 at once on one worker, from two threads of the coordinator, hung an
@@ -35,8 +35,9 @@ from absl import logging
 import tensorflow as tf
 
 from tfps.base import errors
-from tfps.cluster import processes
 from tfps.base import messages
+from tfps.base import task_names
+from tfps.cluster import processes
 
 # A call of a function with its arguments: (concrete function, args).
 Call = tuple[Callable[..., Any], tuple[Any, ...]]
@@ -110,7 +111,7 @@ def _wait_for_the_others(workers: Sequence[Any], group: Sequence[Any], *,
                          timeout: float) -> None:
   def others_up() -> bool:  # TF's own mark of a worker it lost and has not taken back.
     return not any(getattr(w, "_is_dead_with_error", None) for w in workers if w not in group)
-  names = ", ".join(_task(w.device_name) for w in group)
+  names = ", ".join(task_names.task_or_device(w.device_name) for w in group)
   try:
     processes.wait_until(others_up, timeout=timeout,
                          what=f"the other workers, before warming {names}")
@@ -131,19 +132,11 @@ def _warm_up_fn(calls: Sequence[Call], device: str, done: threading.Event,
     finally:
       done.set()
     logging.info("%s: train closures instantiated in %.1fs, before it runs them",
-                 _task(device), time.perf_counter() - start)
+                 task_names.task_or_device(device), time.perf_counter() - start)
   return warm_up
-
-
-def _task(device: str) -> str:
-  """'/job:worker/replica:0/task:1/device:CPU:0' -> 'worker:1'."""
-  parts = dict(part.split(":", 1) for part in device.strip("/").split("/") if ":" in part)
-  if "job" not in parts:
-    return device
-  return f"{parts['job']}:{parts.get('task', '0')}"
 
 
 def log_not_warmed(not_warmed: dict[str, str], what: str) -> None:
   for device, why in sorted(not_warmed.items()):
     logging.warning("%s not instantiated on %s in advance (%s); its first closure there "
-                    "instantiates it", what, _task(device), why)
+                    "instantiates it", what, task_names.task_or_device(device), why)
