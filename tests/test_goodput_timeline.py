@@ -1,5 +1,7 @@
 """Goodput and the timeline picture, from progress records (no cluster)."""
 
+import dataclasses
+
 import pytest
 
 from tfps.recovery import goodput
@@ -31,6 +33,28 @@ def test_a_restart_costs_its_stall_and_the_steps_rolled_back():
   assert measured.as_dict()["goodput"] == round(2000 / 100 / 42.0, 4)
 
 
+def test_the_slow_looped_loops_of_a_fast_start_are_not_the_fault_free_speed():
+  # Faults so frequent that each coordinator runs more looped loops (half
+  # speed) than loops at full speed: the median of all would be the slow one.
+  def start(time, step):
+    looped = [P(step=step + 50 * (i + 1), time=time + i + 1, looped=True) for i in range(30)]
+    return [P(step=step, time=time, restored=True), *looped,
+            *_steady(time + 30, step + 1500, 10)]
+  records = [*start(0.0, 0), *start(45.0, 2500)]
+  measured = goodput.measure(records)
+  assert measured.fault_free_steps_per_sec == 100.0
+  assert measured.kept_steps == 5000 and measured.wall_seconds == 85.0
+  assert measured.value == pytest.approx(5000 / 100 / 85.0)  # ~0.59: the slow loops cost.
+  unmarked = [dataclasses.replace(r, looped=False) for r in records]
+  assert goodput.measure(unmarked).fault_free_steps_per_sec == 50.0
+
+
+def test_a_run_only_looped_falls_back_to_all_its_loops():
+  records = [P(step=0, time=0.0, restored=True),
+             *[P(step=50 * (i + 1), time=i + 1.0, looped=True) for i in range(5)]]
+  assert goodput.measure(records).fault_free_steps_per_sec == 50.0
+
+
 def test_no_loop_no_goodput():
   assert goodput.measure([P(step=0, time=0.0, restored=True)]).value is None
 
@@ -48,3 +72,12 @@ def test_the_timeline_is_drawn_from_the_records(tmp_path, suffix):
     with open(path, encoding="utf-8") as f:
       text = f.read()
     assert "ps:0 SIGKILL" in text and "goodput 0.6" in text
+
+
+def test_a_looped_loop_is_marked_in_the_progress_log(tmp_path):
+  log = progress_lib.ProgressLog(str(tmp_path))
+  log.append(0, restored=True, now=1.0)
+  log.append(200, looped=True, now=2.0)
+  log.append(400, now=3.0)
+  assert [r.looped for r in log.read_new()] == [False, True, False]
+  assert '"looped"' not in (tmp_path / progress_lib.FILE_NAME).read_text().splitlines()[2]

@@ -139,9 +139,11 @@ def test_a_fast_start_switches_to_the_written_out_closure_and_reads_each_batch_o
       trainer, dataclasses.replace(runtime, coordinator=closures), steps_per_closure=5)
   ps_trainer.train(tf.constant(20))  # Looped closures; then the trace starts.
   assert set(closures.names) == {"other_closure"} and not ps_trainer.full_closure_ready.is_set()
+  assert ps_trainer.last_loop.looped  # Its progress record says so (not full speed).
   assert ps_trainer.full_closure_ready.wait(timeout=120), "the background trace never ended"
   ps_trainer.train(tf.constant(40))  # The rest of the epoch, written out.
   ps_trainer.wait_for_background()
+  assert not ps_trainer.last_loop.looped
   assert closures.names[4:] == ["full_closure"] * 8, closures.names
   assert ps_trainer.workers_kept_warm  # Their warm-ups, too, trained nothing (below).
   assert np.array_equal(counts.numpy(), np.ones(EXAMPLES, np.int32))  # Each batch once.
@@ -159,6 +161,7 @@ def test_without_a_fast_start_every_full_closure_is_written_out(runtime):
   ps_trainer.train(tf.constant(20))
   assert closures.names == ["full_closure"] * 4 and ps_trainer.full_closure_ready.is_set()
   assert ps_trainer.workers_kept_warm and int(step.numpy()) == 20
+  assert not ps_trainer.last_loop.looped
 
 
 def test_orbits_step_count_warning_does_not_reach_the_log(caplog):

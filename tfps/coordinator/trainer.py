@@ -118,10 +118,16 @@ def plan_closures(num_steps: int, steps_per_closure: int, num_workers: int) -> l
 
 @dataclasses.dataclass(frozen=True)
 class LoopInput:
-  """What one train loop read: its chunks (positioned input) and re-executed steps."""
+  """What one train loop read: its chunks (positioned input) and re-executed steps.
+
+  `looped`: its full-size closures were the looped ones (a fast start, while
+  the written-out closure is traced and instantiated in the background): a
+  slower loop than the run's fault-free speed (`recovery.goodput`).
+  """
 
   chunks: tuple[ledger_lib.Chunk, ...] = ()
   reexecuted: int = 0
+  looped: bool = False
 
 
 class PSTrainer(orbit.StandardTrainer):
@@ -414,7 +420,8 @@ class PSTrainer(orbit.StandardTrainer):
             break  # Finish what runs (join below).
       coordinator.join()
       reexecuted = self._count_each_step_once(start_step, sum(size for size, _ in scheduled))
-      self.last_loop = LoopInput(chunks=tuple(chunks), reexecuted=reexecuted)
+      self.last_loop = LoopInput(chunks=tuple(chunks), reexecuted=reexecuted,
+                                 looped=not use_full)
       # After join() every closure has its result; fetching is one small
       # read per closure (a few per loop), not per step.
       self._loop_logs = step_logs.loop_means(

@@ -2,7 +2,9 @@
 
 The chief appends `{"step": N, "time": T}` to `model_dir/progress.jsonl`
 after every Orbit loop, and `{"step": N, "time": T, "restored": true}` when a
-coordinator starts from a checkpoint at step N. With positioned input a
+coordinator starts from a checkpoint at step N; `"looped": true` marks a
+loop run with the slower looped closure of a fast start (see
+`coordinator.trainer`). With positioned input a
 loop's record also lists the chunks it trained and the steps retries
 re-executed, and a `restored` record the shards' lengths: enough for
 `recovery.coverage` to account for every batch of the input. `tfps chaos` and `tfps bench`
@@ -34,6 +36,9 @@ class Progress:
   reexecuted: int = 0
   # ... and, on a `restored` record, every shard's length in batches.
   shard_lengths: tuple[int, ...] | None = None
+  # The loop ran the looped closure (a coordinator's fast start): slower than
+  # the run's fault-free speed, so not counted in it (recovery.goodput).
+  looped: bool = False
 
 
 class ProgressLog:
@@ -42,7 +47,8 @@ class ProgressLog:
     self._offset = 0
 
   def append(self, step: int, *, restored: bool = False, now: float | None = None,
-             chunks=None, reexecuted: int = 0, shard_lengths=None) -> None:
+             chunks=None, reexecuted: int = 0, shard_lengths=None,
+             looped: bool = False) -> None:
     record = {"step": int(step), "time": time.time() if now is None else now}
     if restored:
       record["restored"] = True
@@ -52,6 +58,8 @@ class ProgressLog:
       record["reexecuted"] = int(reexecuted)
     if shard_lengths is not None:
       record["shard_lengths"] = [int(n) for n in shard_lengths]
+    if looped:
+      record["looped"] = True
     with open(self.path, "a", encoding="utf-8") as f:
       f.write(json.dumps(record) + "\n")
 
