@@ -32,7 +32,7 @@ closure (one step per iteration, traced in a fraction of the time) for
 every closure size, and traces the written-out one in a background thread
 once its first loop has run (the first trace creates the optimizer's slot
 variables; two traces at once must not), then instantiates it on the
-workers one at a time while the others train (`warm_up`). From the loop
+workers a quarter at a time while the others train (`warm_up`). From the loop
 after that ends, full-size closures are the written-out ones. The steps and their
 order are the same either way; only their cost changes.
 
