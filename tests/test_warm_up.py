@@ -54,16 +54,22 @@ def test_steps_without_logs_warm_up_too():
 
 
 class _Worker:
-  """A ClusterCoordinator worker that runs a resource on its own thread, or never (down)."""
+  """A ClusterCoordinator worker that runs a resource on its own thread, or never (down).
 
-  def __init__(self, index: int, *, up: bool = True):
+  `at_once`: run it before `create_resource` returns, for a test whose short
+  deadline must not depend on how soon a thread starts.
+  """
+
+  def __init__(self, index: int, *, up: bool = True, at_once: bool = False):
     self.device_name = f"/job:worker/replica:0/task:{index}"
-    self.up, self.created = up, []
+    self.up, self.at_once, self.created = up, at_once, []
     self._is_dead_with_error = None  # TF's mark of a lost worker.
 
   def create_resource(self, fn):
     self.created.append(fn)
-    if self.up:
+    if self.up and self.at_once:
+      _ran(fn)
+    elif self.up:
       threading.Thread(target=lambda: _ran(fn), daemon=True).start()
     return object()
 
@@ -93,7 +99,7 @@ def test_every_worker_runs_the_calls_once_and_nothing_trains():
 
 def test_a_worker_that_is_down_is_given_up_at_the_deadline_and_the_next_one_warmed():
   ran = []
-  workers = [_Worker(0, up=False), _Worker(1)]
+  workers = [_Worker(0, up=False), _Worker(1, at_once=True)]
   kept, not_warmed = warm_up.warm_workers(
       _Coordinator(workers), [(lambda: ran.append(1), ())], wait_each=0.2)
   assert len(kept) == 2 and ran == [1]

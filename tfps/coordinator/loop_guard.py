@@ -84,12 +84,11 @@ class LoopGuard:
     """`loop_input`: what the loop read (trainer.LoopInput), for the progress log;
     `ledger`: the input ledger, whose completed epochs go to the event log."""
     chunks = reexecuted = None
-    looped = False
     if loop_input is not None:
       chunks = [c.as_list() for c in loop_input.chunks] if loop_input.chunks else None
       reexecuted = loop_input.reexecuted
-      looped = loop_input.looped
-    self._progress.append(step, chunks=chunks, reexecuted=reexecuted or 0, looped=looped)
+    self._progress.append(step, chunks=chunks, reexecuted=reexecuted or 0,
+                          looped=loop_input is not None and loop_input.looped)
     if ledger is not None and ledger.epochs_completed > self._epochs_logged:
       self._epochs_logged = ledger.epochs_completed
       self._events.append(events_lib.Event(

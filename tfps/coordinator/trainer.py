@@ -94,8 +94,8 @@ from tfps.base import messages
 DEFAULT_UNROLL = 50
 # A bound on waiting for the background trace (fast start): it takes seconds.
 _BACKGROUND_TRACE_SECONDS = 300.0
-# A bound on instantiating it on the workers (seconds each, all at once); a
-# worker stopped or unreachable past it is left cold rather than waited for.
+# A bound on instantiating it on one group of workers (`warm_up`); a worker
+# stopped or unreachable past it is left cold rather than waited for.
 _WARM_UP_SECONDS = 120.0
 BACKGROUND_TRACE_THREAD = "tfps-trace-closure"  # Its name (the chief's log filter).
 

@@ -42,6 +42,7 @@ from tfps.cluster import processes
 # A call of a function with its arguments: (concrete function, args).
 Call = tuple[Callable[..., Any], tuple[Any, ...]]
 
+
 def train_or_skip(train: tf.Tensor, steps: Callable[[], Any]) -> Any:
   """`steps()` when `train` is true, else zeros shaped as its result (call in a tf.function).
 

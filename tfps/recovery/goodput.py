@@ -12,9 +12,9 @@ Definition (the one `tfps chaos` and the soak report):
   at full speed (step difference over time between consecutive loop records
   of one coordinator). Not counted: a coordinator's first loop (its start),
   and loops of a fast start (`"looped"` records): the looped closure runs
-  while the written-out one is traced and instantiated beside it, at ~0.55x
-  the full speed of the ctr on 2 cores. That slow stretch after every start
-  is part of what a ps or chief fault costs.
+  while the written-out one is traced and instantiated beside it, well below
+  full speed (docs/recovery.md, "Goodput"). That slow stretch after every
+  start is part of what a ps or chief fault costs.
   Faults and restarts are a few loops of many; the median is the run's speed
   when nothing is wrong. (A run with no loop at full speed falls back to all
   of its loops.)
