@@ -285,10 +285,9 @@ class Tfps(_Distributed):
   def __init__(self, runtime, params, *, batch_size: int, seed: int, steps_per_loop: int,
                steps_per_closure: int, unroll: int = trainer_lib.DEFAULT_UNROLL):
     super().__init__(runtime, params, batch_size=batch_size, seed=seed)
-    # Without the fast start: the windows time the steady closure only.
+    # Written out from the first loop (the default): the windows time the steady closure.
     self._trainer = trainer_lib.PSTrainer(self.experiment.trainer, self.runtime,
-                                          steps_per_closure=steps_per_closure, unroll=unroll,
-                                          fast_start=False)
+                                          steps_per_closure=steps_per_closure, unroll=unroll)
     self._controller = _controller(self._trainer, self.global_step, steps_per_loop,
                                    runtime.strategy)
 

@@ -178,8 +178,9 @@ class CoordinatorConfig:
     ready_timeout: seconds to wait for the cluster to answer.
     min_shard_bytes: split variables larger than this across the ps tasks;
       None disables partitioning.
-    fast_start: start with looped closures while the written-out ones trace
-      in the background (`trainer.PSTrainer`).
+    fast_start: start with looped closures when the run's recent
+      coordinators died too soon to repay writing them out
+      (`coordinator.closure_plan`).
     ps_timeout: seconds a ps may not answer before the run counts it lost
       and exits 170 (a partition hangs TF instead of failing it, see
       `coordinator.ps_deadline`); None: no deadline.

@@ -40,6 +40,7 @@ import tensorflow as tf
 from tfps.cluster import spec as spec_lib
 from tfps.coordinator import api
 from tfps.coordinator import checkpoints
+from tfps.coordinator import closure_plan
 from tfps.coordinator import datasets
 from tfps.coordinator import evaluator as evaluator_lib
 from tfps.coordinator import experiment as experiment_lib
@@ -53,6 +54,7 @@ from tfps.coordinator import trainer as trainer_lib
 from tfps.recovery import notices
 from tfps.base import errors
 from tfps.recovery import interrupts as interrupts_lib
+from tfps.recovery import progress_log
 
 
 # The value types live in coordinator.api; these names are the coordinator's API.
@@ -76,9 +78,7 @@ class _RoutineLines(py_logging.Filter):
   mean a loop cut short by an interrupt, which the trainer logs itself before
   the chief saves. TensorFlow's asynchronous checkpoint writer says three
   lines per save (started, synced, its counter); Orbit's "saved checkpoint"
-  line stays. And the strategy's "invoked without using
-  `ClusterCoordinator.schedule`" warning from the fast start's background
-  trace: once per step of the written-out closure it traces (not runs).
+  line stays.
   """
 
   _DROPPED = ("did not update `global_step`", "Starting async checkpoint save",
@@ -87,8 +87,6 @@ class _RoutineLines(py_logging.Filter):
 
   def filter(self, record: py_logging.LogRecord) -> bool:
     message = str(record.msg)
-    if record.threadName == trainer_lib.BACKGROUND_TRACE_THREAD:
-      return "without using `ClusterCoordinator.schedule`" not in message
     return not any(part in message for part in self._DROPPED)
 
 
@@ -107,18 +105,12 @@ def routine_lines_dropped():
 
 
 class _Controller(orbit.Controller):
-  """orbit.Controller whose restore checks the checkpoint fits the model, and
-  whose evaluations wait for the trainer's background trace (`PSTrainer`)."""
+  """orbit.Controller whose restore checks the checkpoint fits the model."""
 
-  def __init__(self, *, experiment_name: str, before_evaluate: Callable[[], None], **kwargs):
+  def __init__(self, *, experiment_name: str, **kwargs):
     self._experiment_name = experiment_name
-    self._before_evaluate = before_evaluate
     self.restored = None
     super().__init__(**kwargs)
-
-  def evaluate(self, steps: int = -1):
-    self._before_evaluate()
-    return super().evaluate(steps)
 
   def restore_checkpoint(self, checkpoint_path: str | None = None) -> str | None:
     with self.strategy.scope():
@@ -133,6 +125,14 @@ def _loop_size(step: int, steps_per_loop: int, checkpoint_interval: int) -> int:
   return max(1, min(steps_per_loop, checkpoint_interval - step % checkpoint_interval))
 
 
+def _looped_seconds(config: CoordinatorConfig) -> float:
+  """How long this coordinator trains looped before writing out (`closure_plan`)."""
+  if not config.fast_start:
+    return 0.0
+  records = progress_log.ProgressLog(config.model_dir).read_new()  # This run's, so far.
+  return closure_plan.looped_seconds(closure_plan.coordinator_lifetimes(records))
+
+
 def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntime,
            config: CoordinatorConfig, pause):
   """The experiment's trainer/evaluator made PS-aware; None where the mode needs none."""
@@ -140,7 +140,7 @@ def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntim
   evaluator = experiment.evaluator if config.mode != Mode.TRAIN else None
   if isinstance(trainer, orbit.StandardTrainer) and not isinstance(trainer, trainer_lib.PSTrainer):
     trainer = trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=config.steps_per_closure,
-                                    fast_start=config.fast_start, pause=pause,
+                                    looped_seconds=_looped_seconds(config), pause=pause,
                                     global_step=experiment.global_step,
                                     input_shards=getattr(config, "input_shards", None))
   if isinstance(evaluator, orbit.StandardEvaluator):
@@ -340,12 +340,10 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
                                               trainer.ledger if positioned else None))
 
   eval_output = None
-  background_done = getattr(trainer, "wait_for_background", lambda: None)
   # orbit.Controller prints its log lines on stdout as well as logging them.
   with contextlib.redirect_stdout(_Discard()), routine_lines_dropped():
     controller = _Controller(
-        experiment_name=config.experiment, before_evaluate=background_done,
-        global_step=global_step, trainer=measured,
+        experiment_name=config.experiment, global_step=global_step, trainer=measured,
         evaluator=evaluator, strategy=runtime.strategy,
         steps_per_loop=lambda step: _loop_size(
             int(step), config.steps_per_loop, config.checkpoint_interval),
@@ -389,7 +387,6 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
     if config.mode != Mode.TRAIN and eval_output is None:
       with _classified_errors("evaluation"):
         eval_output = controller.evaluate(steps=eval_steps)
-    background_done()  # No thread left tracing when the coordinator returns.
     with _classified_errors("writing the last checkpoint"):
       manager.sync()  # Training's last save is on disk before the result says so.
 

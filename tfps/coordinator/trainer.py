@@ -7,40 +7,22 @@ several remote closures of at most `steps_per_closure` steps each (a
 worker is busy, followed by one `join()`. `train_loop_begin`, `train_step`
 and `train_loop_end` are the wrapped trainer's own, unchanged.
 
-Inside a closure of `steps_per_closure` steps (all of a loop's closures but
-perhaps its last), steps are written out `unroll` at a time: `n % unroll`
-(or `unroll`) steps one after another, then a while loop whose every
-iteration runs `unroll` more. The steps and their order are exactly those
-of a one-step loop; what changes is the loop's cost. A loop spanning worker
-and ps devices exchanges control messages with every ps it touches in every
-iteration, and TensorFlow's executor runs a graph with a loop on a slower
-path than one without. With the default `unroll` (50, the default steps per
-closure) such a closure has no loop at all (measured: `tfps bench`,
-docs/history/2026-11-23-benchmarks.md). Closures of other sizes run one step per loop
-iteration, all with one function: two traces per run, whatever the sizes.
+Each closure is one of two functions (`coordinator.closures`): the closure
+of `steps_per_closure` steps with its steps written out (no loop with the
+defaults: the cheapest per step, the dearest to trace), and a looped one
+for every other size. The steps and their order are those of a one-step
+loop either way; only their cost differs.
 
     trainer = PSTrainer(MyTrainer(...), runtime, steps_per_closure=50)
 
 (the chief does this for every `StandardTrainer` an experiment returns, so
 an experiment never needs to.)
 
-Fast start: tracing the written-out closure (50 steps of the user's step in
-one graph) and instantiating it on the workers takes seconds, and a new
-coordinator pays it before its first loop ends: after every ps or chief
-loss. With positioned input, a coordinator therefore starts with the looped
-closure (one step per iteration, traced in a fraction of the time) for
-every closure size, and traces the written-out one in a background thread
-once its first loop has run (the first trace creates the optimizer's slot
-variables; two traces at once must not), then instantiates it on the
-workers a quarter at a time while the others train (`warm_up`). From the loop
-after that ends, full-size closures are the written-out ones. The steps and their
-order are the same either way; only their cost changes.
-
-Warm workers: a worker that TensorFlow takes back after a restart has
-neither closure instantiated; a per-worker resource has TF instantiate both
-on it before it hands that worker a closure (`warm_up.warm_workers`),
-so no loop waits for a cold worker. A closure called with `train` false (its
-first argument) runs no step: that is how both warm-ups call it.
+Looped start and warm workers (`closures.WarmClosures`, positioned input
+only): a coordinator whose run's recent coordinators died soon trains with
+the looped closure for a while before it writes out (`closure_plan`); a
+worker TensorFlow takes back has both closures instantiated before it is
+handed one.
 
 Step logs: a `train_step` may return its step's logs, a dict of scalars
 such as `{"loss": loss}`. They are summed inside the closure (no per-step
@@ -66,24 +48,23 @@ Step counting and retries (at-least-once):
   attempt's).
 """
 
+import contextlib
 import dataclasses
 import math
 import threading
-import time
 from typing import Any, Callable, Mapping
 
 from absl import logging
 import orbit
 import tensorflow as tf
 
+from tfps.coordinator import closures as closures_lib
 from tfps.coordinator import datasets
 from tfps.coordinator import ledger as ledger_lib
 from tfps.coordinator import positioned as positioned_lib
 from tfps.coordinator import step_logs
 from tfps.coordinator import strategy as strategy_lib
-from tfps.coordinator import warm_up
 from tfps.base import errors
-from tfps.base import messages
 
 
 # As many as the default steps per closure: a closure of up to 50 steps has
@@ -92,12 +73,6 @@ from tfps.base import messages
 # The price is tracing: the first closure takes seconds longer to build, on
 # every coordinator start.
 DEFAULT_UNROLL = 50
-# A bound on waiting for the background trace (fast start): it takes seconds.
-_BACKGROUND_TRACE_SECONDS = 300.0
-# A bound on instantiating it on one group of workers (`warm_up`); a worker
-# stopped or unreachable past it is left cold rather than waited for.
-_WARM_UP_SECONDS = 120.0
-BACKGROUND_TRACE_THREAD = "tfps-trace-closure"  # Its name (the chief's log filter).
 
 
 def plan_closures(num_steps: int, steps_per_closure: int, num_workers: int) -> list[int]:
@@ -120,9 +95,9 @@ def plan_closures(num_steps: int, steps_per_closure: int, num_workers: int) -> l
 class LoopInput:
   """What one train loop read: its chunks (positioned input) and re-executed steps.
 
-  `looped`: its full-size closures were the looped ones (a fast start, while
-  the written-out closure is traced and instantiated in the background): a
-  slower loop than the run's fault-free speed (`recovery.goodput`).
+  `looped`: its full-size closures were the looped ones (a looped start,
+  `closure_plan`): a slower loop than the run's fault-free speed
+  (`recovery.goodput`).
   """
 
   chunks: tuple[ledger_lib.Chunk, ...] = ()
@@ -147,12 +122,13 @@ class PSTrainer(orbit.StandardTrainer):
   def __init__(self, trainer: orbit.StandardTrainer, runtime: strategy_lib.PSRuntime, *,
                steps_per_closure: int, pause: Callable[[], bool] | None = None,
                unroll: int = DEFAULT_UNROLL, global_step: tf.Variable | None = None,
-               input_shards: int | None = None, fast_start: bool = True):
+               input_shards: int | None = None, looped_seconds: float = 0.0):
     """`pause()` true: schedule no more closures this loop (an interrupt is pending).
 
     `unroll`: steps per while-loop iteration inside a closure (see the module
-    docstring). `fast_start`: start with looped closures while the written-out
-    one traces in the background (module docstring; positioned input only).
+    docstring). `looped_seconds`: with positioned input, train with the
+    looped closure this long before writing out the full-size closures
+    (`coordinator.closure_plan`; 0: written out from the first loop).
     `global_step`: the step counter `train_step` increments
     (default: the wrapped trainer's `global_step` attribute, if any); after
     every loop it is set back by the steps that TensorFlow re-executed when it
@@ -176,10 +152,9 @@ class PSTrainer(orbit.StandardTrainer):
     self._global_step = global_step if global_step is not None else getattr(
         trainer, "global_step", None)
     self._input_shards = input_shards
-    self._fast_start = fast_start
+    self._looped_seconds = looped_seconds
     self.full_closure_ready = threading.Event()  # Full-size closures are written out.
-    self._tracer: threading.Thread | None = None  # The background trace, once started.
-    self._warm_resources = None  # Kept: TF forgets a per-worker resource nobody holds.
+    self._warm: closures_lib.WarmClosures | None = None  # Positioned input, once looping.
     self.closures_scheduled = 0
     self.reexecuted_steps = 0
     self.last_loop = LoopInput()
@@ -216,7 +191,7 @@ class PSTrainer(orbit.StandardTrainer):
   @property
   def workers_kept_warm(self) -> bool:
     """True once TF re-instantiates the closures on a worker it takes back (`warm_up`)."""
-    return self._warm_resources is not None
+    return self._warm is not None and self._warm.workers_kept_warm
 
   def ensure_ledger(self) -> ledger_lib.InputLedger:
     """The ledger restored from a checkpoint, else the input measured now (once)."""
@@ -229,22 +204,6 @@ class PSTrainer(orbit.StandardTrainer):
                       self._input_shards, self.input_state.ledger.num_shards)
       self._input_shards = None
     return self.input_state.ledger
-
-  def wait_for_background(self, timeout: float = _BACKGROUND_TRACE_SECONDS) -> None:
-    """Waits for the background trace of the written-out closure, if one runs.
-
-    Called before an evaluation (whose traces must not run beside it: both
-    call the user's model and metrics) and when training has ended, so that
-    no thread is left tracing. The trace needs no cluster, so it ends; the
-    workers' warm-up after it waits for each group of workers at most
-    `_WARM_UP_SECONDS`. (Not waiting for the warm-up, an evaluation beside
-    it hung an in-process cluster.)
-    """
-    if self._tracer is not None:
-      self._tracer.join(timeout)
-      if self._tracer.is_alive():
-        logging.warning("the written-out closure is still being traced or warmed up after %.0fs; "
-                        "going on beside it", timeout)
 
   def train_loop_begin(self):
     return self._trainer.train_loop_begin()
@@ -273,12 +232,6 @@ class PSTrainer(orbit.StandardTrainer):
     """The loop Orbit calls: schedule closures over all workers, then join."""
     coordinator = self._runtime.coordinator
     strategy = self._runtime.strategy
-    train_step = self._trainer.train_step
-    unroll = self._unroll
-
-    what = type(self._trainer).__name__
-    full_size = self._steps_per_closure
-
     if self._positioned is None:
       make_iterator = lambda iterator: iterator
     else:
@@ -287,100 +240,17 @@ class PSTrainer(orbit.StandardTrainer):
       # Built on the worker, inside the closure: the chunk's position is in
       # the closure's arguments, which a retry runs again unchanged.
       make_iterator = lambda shard, start: iter(positioned.chunk(num_shards, shard, start))
-
-    # A closure of `steps_per_closure` steps (nearly all of them), traced
-    # with its shape fixed: `peeled` steps written out, then a loop of
-    # `unroll` steps per iteration (no loop at all with the defaults).
-    peeled = full_size % unroll or min(unroll, full_size)
-    iterations = (full_size - peeled) // unroll
-
-    # Both closures take `train` first: false runs no step and only
-    # instantiates the function on the worker (a warm-up, see `warm_up`).
-    @tf.function
-    def full_closure(train, *source):
-      def steps():
-        iterator = make_iterator(*source)
-        # The first step's logs (if any) give the structure of the running sums.
-        sums = step_logs.start(train_step(iterator), what)
-        for _ in range(peeled - 1):  # Python: written out.
-          sums = step_logs.add(sums, train_step(iterator), what)
-        if iterations:  # Python: known when traced.
-          for _ in tf.range(iterations):  # A tf.while_loop on the worker.
-            for _ in range(unroll):
-              sums = step_logs.add(sums, train_step(iterator), what)
-        return sums
-      return warm_up.train_or_skip(train, steps)
-
-    # Any other size (a loop's last closure, or closures shrunk so that every
-    # worker gets one): one step per loop iteration, traced once for all sizes.
-    @tf.function
-    def other_closure(train, num_steps, *source):
-      def steps():
-        iterator = make_iterator(*source)
-        sums = step_logs.start(train_step(iterator), what)
-        for _ in tf.range(num_steps - 1):
-          sums = step_logs.add(sums, train_step(iterator), what)
-        return sums
-      return warm_up.train_or_skip(train, steps)
-
-    train = tf.constant(True)
-    # A positioned closure's arguments for a warm-up: nothing is read.
-    skip = (tf.constant(False), tf.constant(0, tf.int64), tf.constant(0, tf.int64))
-    specs = (tf.TensorSpec([], tf.bool), tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64))
-
-    background = self._fast_start and self._positioned is not None and (
-        full_size > 1 and unroll > 1)
-    if not background:
+    closures = closures_lib.TrainClosures(
+        self._trainer.train_step, make_iterator, full_size=self._steps_per_closure,
+        unroll=self._unroll, what=type(self._trainer).__name__)
+    if self._positioned is None:
+      # Written out from the start, without a warm-up (its calls are positioned).
       self.full_closure_ready.set()
-
-    def trace_full_closure():
-      start = time.perf_counter()
-      try:
-        with strategy.scope():  # The scope is per thread; schedule() looks it up in it.
-          calls = warm_calls()
-      except Exception as e:  # pylint: disable=broad-except  (keep the looped closure)
-        logging.warning("tracing the written-out closure failed; keeping the looped one "
-                        "(%s: %s)", type(e).__name__, messages.one_line(e))
-        return
-      traced = time.perf_counter()
-      # Instantiated on the workers a few at a time, each on its own thread,
-      # while the others train: the first loop of written-out closures then
-      # waits for no cold worker. Kept: TF warms a worker it takes back again.
-      try:
-        self._warm_resources, not_warmed = warm_up.warm_workers(
-            coordinator, calls, wait_each=_WARM_UP_SECONDS)
-      except Exception as e:  # pylint: disable=broad-except  (e.g. the coordinator stopped)
-        not_warmed = {"every worker": f"{type(e).__name__}: {messages.one_line(e)}"}
-      warm_up.log_not_warmed(not_warmed, "the written-out closure")
-      logging.info("written-out closure of %d steps traced in %.1fs and instantiated on the "
-                   "workers in %.1fs (in the background); full-size closures use it from the "
-                   "next loop", full_size, traced - start, time.perf_counter() - traced)
-      self.full_closure_ready.set()
-
-    def warm_calls() -> list[warm_up.Call]:
-      """Both closures, called to run no step (in the strategy's scope: traced as scheduled)."""
-      return [(full_closure.get_concrete_function(*specs), skip),
-              (other_closure.get_concrete_function(specs[0], tf.TensorSpec([], tf.int32),
-                                                   *specs[1:]),
-               (skip[0], tf.constant(1, tf.int32), *skip[1:]))]
-
-    def keep_warm() -> None:
-      """Has TF warm a worker it takes back before handing it closures (`warm_up`)."""
-      with strategy.scope():
-        self._warm_resources, _ = warm_up.warm_workers(coordinator, warm_calls(),
-                                                       wait_each=None)
-
-    def start_tracing_once() -> None:
-      if self._tracer is None and not self.full_closure_ready.is_set():
-        self._tracer = threading.Thread(target=trace_full_closure, daemon=True,
-                                        name=BACKGROUND_TRACE_THREAD)
-        self._tracer.start()
-
-    def schedule(size: int, use_full: bool, *source):
-      if size == full_size and use_full:
-        return coordinator.schedule(full_closure, args=(train, *source))
-      return coordinator.schedule(other_closure,
-                                  args=(train, tf.constant(size, tf.int32), *source))
+    else:
+      looped = self._steps_per_closure > 1 and self._unroll > 1  # Else one closure kind.
+      self._warm = closures_lib.WarmClosures(
+          closures, strategy, coordinator, ready=self.full_closure_ready,
+          looped_seconds=self._looped_seconds if looped else 0.0)
 
     def sources(iterator, num_steps: int):
       """(size, closure arguments, chunk) of each closure of the loop, taken as scheduled."""
@@ -400,16 +270,14 @@ class PSTrainer(orbit.StandardTrainer):
       start_step = self._read_step()
       scheduled, chunks = [], []
       use_full = self.full_closure_ready.is_set()  # One kind per loop.
+      if self._warm is not None:
+        with _step_log_errors():  # Traces both closures (the warm-ups' calls).
+          self._warm.before_loop(written_out=use_full)
       # Traced in scope so that the trainer sees the strategy it was built in.
       with strategy.scope():
         for size, source, chunk in sources(iterator, int(num_steps)):
-          try:
-            remote = schedule(size, use_full, *source)
-          except Exception as e:  # Traced at the first schedule: bad step logs.
-            usage = step_logs.usage_error_in(e)
-            if usage is None:
-              raise
-            raise usage from None
+          with _step_log_errors():  # Traced at the first schedule.
+            remote = closures.schedule(coordinator, size, use_full, source)
           scheduled.append((size, remote))
           if chunk is not None:
             chunks.append(chunk)
@@ -426,10 +294,8 @@ class PSTrainer(orbit.StandardTrainer):
       # read per closure (a few per loop), not per step.
       self._loop_logs = step_logs.loop_means(
           [(size, remote.fetch()) for size, remote in scheduled])
-      if background:
-        start_tracing_once()  # After a loop: the looped closure has created every variable.
-      if use_full and self._positioned is not None and self._warm_resources is None:
-        keep_warm()  # Both closures are traced now (and instantiated on the workers).
+      if self._warm is not None:
+        self._warm.after_loop()
 
     return loop_fn
 
@@ -454,6 +320,18 @@ class PSTrainer(orbit.StandardTrainer):
       logging.info("%d steps re-executed by retried closures (their partial updates stay "
                    "applied); the global step counts each scheduled step once", extra)
     return max(0, extra)
+
+
+@contextlib.contextmanager
+def _step_log_errors():
+  """A trace that failed on bad step logs raises the UsageError that says so."""
+  try:
+    yield
+  except Exception as e:  # pylint: disable=broad-except  (re-raised unless it is that)
+    usage = step_logs.usage_error_in(e)
+    if usage is None:
+      raise
+    raise usage from None
 
 
 def _positioned_input(dataset: Any, runtime: strategy_lib.PSRuntime,

@@ -1,0 +1,129 @@
+"""The train closures and which one a loop uses (tfps.coordinator.closures), in one process.
+
+A fake coordinator runs each scheduled closure at once and each worker's
+warm-up at once; the cluster versions are in test_positioned_input.py.
+"""
+
+import threading
+
+import tensorflow as tf
+
+from tfps.coordinator import closures as closures_lib
+
+FULL = 4
+
+
+class _Worker:
+  def __init__(self, index: int):
+    self.device_name = f"/job:worker/replica:0/task:{index}"
+
+  def create_resource(self, fn):
+    fn()
+    return object()
+
+
+class _Coordinator:
+  """Runs a closure when scheduled; names what it ran."""
+
+  def __init__(self, num_workers: int = 2):
+    self._cluster = type("Cluster", (), {"workers": [_Worker(i) for i in range(num_workers)]})()
+    self.ran = []
+
+  def schedule(self, fn, args=()):
+    self.ran.append(fn.python_function.__name__)
+    return fn(*args)
+
+
+class _Counting:
+  """A train step over positioned input: counts its steps and sums what it read."""
+
+  def __init__(self):
+    self.steps = tf.Variable(0, dtype=tf.int64)
+    self.total = tf.Variable(0, dtype=tf.int64)
+
+  def train_step(self, iterator):
+    value = next(iterator)
+    self.steps.assign_add(1)
+    self.total.assign_add(value)
+    return {"value": tf.cast(value, tf.float32)}
+
+
+def _make_iterator(shard, start):
+  return iter(tf.data.Dataset.range(100).shard(2, shard).skip(start))
+
+
+def _closures(counting, full_size=FULL, unroll=FULL):
+  return closures_lib.TrainClosures(counting.train_step, _make_iterator, full_size=full_size,
+                                    unroll=unroll, what="Counting")
+
+
+def _source(shard, start):
+  return (tf.constant(shard, tf.int64), tf.constant(start, tf.int64))
+
+
+def test_both_closures_run_the_same_steps_on_the_same_input():
+  for unroll in (FULL, 3, 1):  # No loop; 1 written out + a loop of 3; a loop of 1.
+    for written_out in (True, False):
+      counting, coordinator = _Counting(), _Coordinator()
+      sums = _closures(counting, unroll=unroll).schedule(
+          coordinator, FULL, written_out, _source(1, 2))
+      # Shard 1 is 1, 3, 5, ...; from its batch 2 on: 5, 7, 9, 11.
+      assert (int(counting.steps.numpy()), int(counting.total.numpy())) == (4, 32)
+      assert float(sums["value"]) == 32.0
+      assert coordinator.ran == ["full_closure" if written_out else "other_closure"]
+
+
+def test_a_closure_of_another_size_is_the_looped_one():
+  counting, coordinator = _Counting(), _Coordinator()
+  _closures(counting).schedule(coordinator, 3, True, _source(0, 0))
+  assert coordinator.ran == ["other_closure"]
+  assert (int(counting.steps.numpy()), int(counting.total.numpy())) == (3, 0 + 2 + 4)
+
+
+def test_the_warm_up_calls_run_no_step():
+  counting = _Counting()
+  with tf.distribute.get_strategy().scope():
+    for function, args in _closures(counting).warm_calls():
+      function(*args)
+  assert (int(counting.steps.numpy()), int(counting.total.numpy())) == (0, 0)
+
+
+def _warm(counting, coordinator, *, looped_seconds):
+  return closures_lib.WarmClosures(
+      _closures(counting), tf.distribute.get_strategy(), coordinator,
+      ready=threading.Event(), looped_seconds=looped_seconds)
+
+
+def test_written_out_at_once_and_workers_warmed_once_before_the_first_loop():
+  counting, coordinator = _Counting(), _Coordinator()
+  warm = _warm(counting, coordinator, looped_seconds=0)
+  assert warm.ready.is_set() and not warm.workers_kept_warm
+  warm.before_loop(written_out=True)
+  resources = warm._resources  # pylint: disable=protected-access
+  warm.after_loop()
+  warm.before_loop(written_out=True)
+  assert warm.workers_kept_warm
+  assert warm._resources is resources  # pylint: disable=protected-access
+  assert len(resources) == 2  # One per worker.
+  assert int(counting.steps.numpy()) == 0  # The warm-ups trained nothing.
+
+
+def test_a_looped_start_writes_out_after_the_first_loop_past_its_time():
+  counting, coordinator = _Counting(), _Coordinator()
+  warm = _warm(counting, coordinator, looped_seconds=1e-9)  # Past after any loop.
+  assert not warm.ready.is_set()
+  warm.before_loop(written_out=False)
+  assert not warm.workers_kept_warm  # Nothing written out yet.
+  warm.after_loop()
+  assert warm.ready.is_set()
+  warm.before_loop(written_out=True)
+  assert warm.workers_kept_warm
+
+
+def test_a_looped_start_stays_looped_until_its_time():
+  counting, coordinator = _Counting(), _Coordinator()
+  warm = _warm(counting, coordinator, looped_seconds=3600)
+  for _ in range(3):
+    warm.before_loop(written_out=False)
+    warm.after_loop()
+  assert not warm.ready.is_set() and not warm.workers_kept_warm
