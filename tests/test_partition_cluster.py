@@ -102,7 +102,7 @@ def test_partitioned_worker_is_left_out_then_readmitted_when_healed(run):
   finally:
     run.cluster.heal(worker.task)
   records = len(run.records)
-  run.wait_for(lambda: any(e.task == "worker:1" and e.worker_change == "back"
+  run.wait_for(lambda: any(e.task == "worker:1" and e.task_change == "back"
                            for e in run.events()[events:]),
                timeout=60, what="worker:1 to be taken back after the heal")
   run.wait_for_restart_and_progress(records, timeout=120)

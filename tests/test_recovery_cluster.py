@@ -216,7 +216,7 @@ def test_worker_that_never_returns_is_left_out_then_taken_back(run):
   assert left_out.step == max(r.step for r in run.records[:run.records.index(left_out)])
   worker.start()  # ...and takes it back when it answers again.
   processes.wait_until(lambda: any(
-      e.task == "worker:1" and e.worker_change == "back" and not e.workers_left_out
+      e.task == "worker:1" and e.task_change == "back" and not e.tasks_left_out
       for e in run.events()), timeout=60, what="worker:1 to be taken back")
   run.wait_for_step(run.step + 100, timeout=180)
 

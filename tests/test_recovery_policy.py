@@ -77,6 +77,40 @@ def test_restarts_followed_by_progress_are_forgiven():
   assert rule.decide(Kind.PS_LOST, again, now=50).action == Action.GIVE_UP
 
 
+P0, P1, P2 = (f"ps:{i}" for i in range(3))
+ALL_PS = frozenset({P0, P1, P2})
+
+
+@pytest.mark.parametrize("kind", [Kind.PS_LOST, Kind.CLUSTER_UNREACHABLE, Kind.CHIEF_LOST])
+@pytest.mark.parametrize("failover, down, action, leave_out", [
+    (True, {P0}, Action.RESTART_WITHOUT_TASK, {P0}),
+    (True, {P0, P2}, Action.RESTART_WITHOUT_TASK, {P0, P2}),
+    (True, set(), Action.WAIT_AND_RESTART, set()),  # Back already: with every ps.
+    (True, {P0, P1, P2}, Action.WAIT_AND_RESTART, set()),  # None answers: wait for them.
+    (False, {P0}, Action.WAIT_AND_RESTART, set()),
+])
+def test_ps_failover_restarts_without_the_ps_that_do_not_answer(kind, failover, down, action,
+                                                                leave_out):
+  decision = policy.RestartPolicy(ps_failover=failover).decide(
+      kind, history(), 0.0, ps=ALL_PS, ps_down=frozenset(down))
+  assert (decision.action, decision.leave_out) == (action, frozenset(leave_out))
+  if leave_out:
+    assert "ps failover" in decision.reason and sorted(leave_out)[0] in decision.reason
+
+
+def test_ps_failover_spends_the_restart_budget_like_any_restart():
+  rule = policy.RestartPolicy(max_restarts=2, window_seconds=60, ps_failover=True)
+  decision = rule.decide(Kind.PS_LOST, history(10, 20), now=30, ps=ALL_PS,
+                         ps_down=frozenset({P0}))
+  assert decision.action == Action.GIVE_UP and not decision.leave_out
+
+
+def test_ps_failover_is_not_for_failures_that_restart_nothing():
+  rule = policy.RestartPolicy(ps_failover=True)
+  for kind in (Kind.WORKER_LOST, Kind.TASK_NOTICE, Kind.USER_ERROR):
+    assert not rule.decide(kind, history(), 0.0, ps=ALL_PS, ps_down=frozenset({P0})).leave_out
+
+
 def test_budget_does_not_apply_to_actions_without_restart():
   rule = policy.RestartPolicy(max_restarts=0)
   assert rule.decide(Kind.WORKER_LOST, history(1, 2, 3), now=4).action == Action.CONTINUE

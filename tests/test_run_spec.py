@@ -33,7 +33,8 @@ EVERY_SETTING = {
     "eval_shards": "3", "global_batch_size": "96", "seed": "4", "ready_timeout": "77.5",
     "min_shard_bytes": "1234", "ps_timeout": "66.5", "max_restarts": "5",
     "restart_window": "333", "cluster_wait_seconds": "444", "worker_timeout": "55",
-    "grace_seconds": "21", "warm_standby": "false", "exclude_workers": "worker:1",
+    "grace_seconds": "21", "warm_standby": "false", "ps_failover": "false",
+    "ps_readmit_after": "12.5", "exclude_tasks": "worker:1",
 }
 STEPS_OR_EPOCHS = ({"train_steps": "777"}, {"train_epochs": "2"})
 
@@ -107,7 +108,7 @@ def test_every_setting_reaches_the_chief_of_a_k8s_manifest(tfps, parse, steps_or
 
 def test_spec_file_round_trip(tmp_path):
   spec = run_spec.RunSpec(experiment_params={"a": "1"}, train_steps=None, train_epochs=3,
-                          exclude_workers=("worker:0",), model_dir="/m", warm_standby=False)
+                          exclude_tasks=("worker:0",), model_dir="/m", warm_standby=False)
   path = run_spec.write(spec, str(tmp_path / "spec.json"))
   assert run_spec.read(path) == spec
   assert json.loads(open(path).read())["train_epochs"] == 3
@@ -126,7 +127,7 @@ def test_spec_file_round_trip(tmp_path):
     ({"ready_timeout": float("inf")}, "ready_timeout (inf) must be positive"),
     ({"mode": "sideways"}, "mode ('sideways') must be one of train, train_and_eval, eval"),
     ({"experiment": "nope"}, "experiment 'nope' is unknown"),
-    ({"exclude_workers": ("ps:0",)}, "exclude_workers ('ps:0') must name workers (worker:N)"),
+    ({"exclude_tasks": ("chief:0",)}, "exclude_tasks ('chief:0') must name workers or ps (worker:N, ps:N)"),
     ({"warm_standby": "yes"}, "warm_standby ('yes') must be true or false"),
 ])
 def test_bad_settings_are_one_line_naming_flag_and_value(overrides, message):
@@ -170,7 +171,7 @@ def test_chief_config_carries_the_coordinators_settings():
   cluster = spec_lib.ClusterSpec.from_dict(
       {"chief": ["h:1"], "ps": ["h:2"], "worker": ["h:3", "h:4"]})
   spec = run_spec.RunSpec(model_dir="/m", train_steps=None, train_epochs=2, input_shards=5,
-                          ps_timeout=0.0, min_shard_bytes=0, exclude_workers=("worker:0",))
+                          ps_timeout=0.0, min_shard_bytes=0, exclude_tasks=("worker:0",))
   config = spec.coordinator_config(cluster)
   assert (config.train_steps, config.train_epochs, config.input_shards) == (None, 2, 5)
   assert config.ps_timeout is None and config.min_shard_bytes is None  # 0: off, as the flags.

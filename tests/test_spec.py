@@ -154,12 +154,16 @@ def test_exit_codes_follow_the_design():
   assert errors.Preempted(2).exit_code == errors.ExitCode.INTERRUPTED == 130
 
 
-def test_without_workers_renumbers_the_rest():
-  cluster = spec_lib.ClusterSpec.from_dict(dict(CLUSTER, worker=["w0:1", "w1:1", "w2:1"]))
-  reduced = cluster.without_workers([TaskId(JobType.WORKER, 1)])
+def test_without_renumbers_the_rest_of_each_job():
+  cluster = spec_lib.ClusterSpec.from_dict(dict(CLUSTER, worker=["w0:1", "w1:1", "w2:1"],
+                                                ps=["p0:1", "p1:1", "p2:1"]))
+  reduced = cluster.without([TaskId(JobType.WORKER, 1), TaskId(JobType.PS, 0)])
   assert reduced.as_dict()["worker"] == ["w0:1", "w2:1"]
-  assert reduced.as_dict()["ps"] == CLUSTER["ps"]
+  assert reduced.as_dict()["ps"] == ["p1:1", "p2:1"]
+  assert reduced.as_dict()["chief"] == CLUSTER["chief"]
   with pytest.raises(spec_lib.ClusterSpecError, match="cannot leave out every worker"):
-    cluster.without_workers([TaskId(JobType.WORKER, i) for i in range(3)])
-  with pytest.raises(spec_lib.ClusterSpecError, match="only workers"):
-    cluster.without_workers([TaskId(JobType.PS, 0)])
+    cluster.without([TaskId(JobType.WORKER, i) for i in range(3)])
+  with pytest.raises(spec_lib.ClusterSpecError, match="cannot leave out every ps"):
+    cluster.without([TaskId(JobType.PS, i) for i in range(3)])
+  with pytest.raises(spec_lib.ClusterSpecError, match="only workers and ps"):
+    cluster.without([TaskId(JobType.CHIEF, 0)])

@@ -16,12 +16,12 @@ _COORDINATOR = textwrap.dedent("""
     import json, os, sys
     from tfps.base import signals
     from tfps.recovery import standby
-    excluded = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--exclude_workers=")]
+    excluded = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--exclude_tasks=")]
     if os.environ.get(standby.ENV_VAR):
       go = standby.wait_for_go(signals.StopSignals.install(), sys.stdin)
       if go is None:
         sys.exit(0)
-      excluded = [",".join(go.exclude_workers)]
+      excluded = [",".join(go.exclude_tasks)]
     print(json.dumps({"excluded": excluded[0], "warm": bool(os.environ.get(standby.ENV_VAR))}))
 """)
 
@@ -29,7 +29,7 @@ _COORDINATOR = textwrap.dedent("""
 def _coordinators(tmp_path, warm=True):
   return standby.WarmCoordinators(
       lambda excluded: [sys.executable, "-c", _COORDINATOR,
-                        f"--exclude_workers={','.join(excluded)}"],
+                        f"--exclude_tasks={','.join(excluded)}"],
       env=dict(os.environ), stdout_dir=str(tmp_path), warm=warm)
 
 
@@ -99,7 +99,7 @@ def test_wait_for_go_ends_on_end_of_file_or_a_stop_signal():
   r, w = os.pipe()
   with os.fdopen(r) as stdin:
     with os.fdopen(w, "w") as out:
-      out.write('{"exclude_workers": ["worker:2"]}\n')
+      out.write('{"exclude_tasks": ["worker:2"]}\n')
     assert standby.wait_for_go(signals.StopSignals(), stdin) == standby.Go(("worker:2",))
 
 

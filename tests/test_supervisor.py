@@ -260,7 +260,7 @@ def test_a_ps_that_answers_again_in_time_is_not_a_loss(tmp_path):
 
 def test_worker_gone_then_back_restarts_the_coordinator_without_then_with_it(tmp_path):
   from tfps.cluster import spec as spec_lib
-  from tfps.recovery import worker_watch
+  from tfps.recovery import task_watch
   w0, w1 = (spec_lib.TaskId(spec_lib.JobType.WORKER, i) for i in range(2))
   exclusions = []
   up = {w0}  # worker:1 is down until the coordinator has been restarted without it.
@@ -277,7 +277,7 @@ def test_worker_gone_then_back_restarts_the_coordinator_without_then_with_it(tmp
   ticks = iter(range(10_000))
   result, log = supervise(
       harness, tmp_path, probe_seconds=1.0, clock=lambda: float(next(ticks)),
-      watch=worker_watch.WorkerWatch([w0, w1], worker_watch.WorkerWatchConfig(
+      watch=task_watch.TaskWatch([w0, w1], task_watch.TaskWatchConfig(
           timeout=3.0, readmit_after=2.0)))
   assert result.exit_code == errors.ExitCode.OK
   assert exclusions == [set(), {w1}, set()]
@@ -285,10 +285,60 @@ def test_worker_gone_then_back_restarts_the_coordinator_without_then_with_it(tmp
   gone = [e for e in log.read() if e.failure == Kind.WORKER_GONE.value]
   assert [(e.kind, e.task) for e in gone] == [("failure", "worker:1"), ("action", "worker:1")]
   assert gone[1].action == policy.Action.RESTART_WITHOUT_TASK.value
-  changes = [(e.task, e.worker_change, e.workers_left_out) for e in log.read()
-             if e.worker_change is not None]
+  changes = [(e.task, e.task_change, e.tasks_left_out) for e in log.read()
+             if e.task_change is not None]
   assert changes == [("worker:1", "gone", ("worker:1",)), ("worker:1", "back", ())]
   assert harness.cluster_waits == 0
+
+
+def test_ps_failover_restarts_at_once_without_the_lost_ps_and_takes_it_back(tmp_path):
+  from tfps.cluster import spec as spec_lib
+  from tfps.recovery import task_watch
+  p0, p1 = (spec_lib.TaskId(spec_lib.JobType.PS, i) for i in range(2))
+  w0 = spec_lib.TaskId(spec_lib.JobType.WORKER, 0)
+  exclusions, waited_for, probes = [], [], []
+  # The first coordinator loses ps:0 (exit 170) while ps:0 is down; the
+  # second runs without it, ps:0 silent for longer than the ps deadline,
+  # until the watch has seen ps:0 answer again for ps_readmit_after.
+
+  def probe():
+    probes.append(len(exclusions))
+    back = len(exclusions) == 2 and probes.count(2) > 8
+    return {p0, p1, w0} if len(exclusions) != 1 and (len(exclusions) != 2 or back) \
+        else {p1, w0}
+
+  harness = Harness([170, "wait", 0], up=probe,
+                    ps_addresses={p0: "10.0.0.2:2222", p1: "10.0.0.3:2222"})
+  start_planned = harness.start
+  wait_planned = harness.wait_until_reachable
+
+  def start(attempt, excluded):
+    exclusions.append(set(excluded))
+    return start_planned(attempt)
+
+  def wait_until_reachable(seconds, excluded):
+    waited_for.append(set(excluded))
+    return wait_planned(seconds, excluded)
+
+  harness.start, harness.wait_until_reachable = start, wait_until_reachable
+  ticks = iter(range(10_000))
+  result, log = supervise(
+      harness, tmp_path, probe_seconds=1.0, clock=lambda: float(next(ticks)),
+      ps_deadline_seconds=5.0,  # ps:0 is silent while left out: no concern of the deadline.
+      policy=policy.RestartPolicy(ps_failover=True),
+      watch=task_watch.TaskWatch([w0], task_watch.TaskWatchConfig(ps_readmit_after=4.0),
+                                 ps=[p0, p1]))
+  assert result.exit_code == errors.ExitCode.OK
+  assert exclusions == [set(), {p0}, set()]
+  assert waited_for == [{p0}]  # The restart did not wait for the lost ps.
+  assert [p.returncode for p in harness.started] == [170, 143, 0]  # Saved, then taken back.
+  entries = log.read()
+  action = [e for e in entries if e.kind == "action"][0]
+  assert action.action == policy.Action.RESTART_WITHOUT_TASK.value and "ps:0" in action.detail
+  assert "without ps:0" in [e for e in entries if e.kind == "recovered"][0].detail
+  assert [(e.task, e.task_change, e.tasks_left_out) for e in entries
+          if e.task_change is not None] == [("ps:0", "back", ())]
+  assert events.summarize(entries)["restarts"] == 1
 
 
 def test_a_launcher_is_closed_even_when_starting_a_coordinator_raises(tmp_path):

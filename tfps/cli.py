@@ -79,8 +79,16 @@ flags.DEFINE_float("ps_timeout", 60.0,
 flags.DEFINE_bool("warm_standby", True,
                   "chief: once training runs, keep the next coordinator process started and "
                   "imported (~0.7 GB), so a restart skips TensorFlow's import.")
-flags.DEFINE_list("exclude_workers", [],
-                  "chief, internal: workers the supervisor left out (e.g. worker:1).")
+flags.DEFINE_bool("ps_failover", True,
+                  "chief: when a ps is lost and does not answer, restart at once on the ps "
+                  "that do (they then hold every variable: they need the memory) instead "
+                  "of waiting for it; take it back once it has answered for "
+                  "--ps_readmit_after seconds, or at the next restart.")
+flags.DEFINE_float("ps_readmit_after", 30.0,
+                   "chief: seconds a ps left out by --ps_failover must answer before the "
+                   "coordinator is restarted (after a save) to take it back.")
+flags.DEFINE_list("exclude_tasks", [],
+                  "chief, internal: workers and ps the supervisor left out (e.g. worker:1).")
 flags.DEFINE_float("ready_timeout", 180.0, "Seconds the chief waits for every task to answer.")
 flags.DEFINE_string("run_spec", None,
                     "chief, internal: the run's settings from this JSON file instead of flags "
@@ -183,7 +191,7 @@ _section("k8s")
 # The flags each command reads; `tfps CMD --help` lists these only.
 _HOST_ONLY = {"cluster_spec", "job_name", "task_index", "ps_hosts", "worker_hosts",
               "chief_host", "inter_op_threads", "intra_op_threads", "thread_spinning",
-              "preemption_notice", "supervise", "exclude_workers", "run_spec", "result_file"}
+              "preemption_notice", "supervise", "exclude_tasks", "run_spec", "result_file"}
 _CHIEF = [f for f in _sections["cluster"] if f not in _HOST_ONLY] + _sections["training"]
 COMMAND_FLAGS = {
     "run": _sections["cluster"] + _sections["training"],

@@ -28,7 +28,7 @@ from tfps.recovery import policy
 from tfps.recovery import progress_log
 from tfps.recovery import standby
 from tfps.recovery import supervisor
-from tfps.recovery import worker_watch
+from tfps.recovery import task_watch
 
 from tfps.base import log_summary
 from tfps.base import signals
@@ -89,7 +89,7 @@ def run(flags) -> errors.ExitCode:
       go = _stand_by(stop)
       if go is None:  # Not needed after all: leave as quietly as we came.
         _leave_coordinator(stderr_filter, temp, errors.ExitCode.OK)
-      spec = dataclasses.replace(spec, exclude_workers=go.exclude_workers)
+      spec = dataclasses.replace(spec, exclude_tasks=go.exclude_tasks)
     _leave_coordinator(stderr_filter, temp,
                        _coordinate(config, spec, stop, result_file=flags.result_file))
   finally:
@@ -159,23 +159,25 @@ def _control_address(config: spec_lib.TaskConfig) -> str | None:
 
 
 def supervision(spec: run_spec.RunSpec
-                ) -> tuple[supervisor.SupervisorConfig, worker_watch.WorkerWatchConfig]:
+                ) -> tuple[supervisor.SupervisorConfig, task_watch.TaskWatchConfig]:
   """The supervisor's settings from the run spec (which named any bad value's flag)."""
   return (supervisor.SupervisorConfig(
               policy=policy.RestartPolicy(max_restarts=spec.max_restarts,
-                                          window_seconds=spec.restart_window),
+                                          window_seconds=spec.restart_window,
+                                          ps_failover=spec.ps_failover),
               cluster_wait_seconds=spec.cluster_wait_seconds,
               stop_grace_seconds=spec.grace_seconds,
               ps_deadline_seconds=(spec.ps_timeout + _SUPERVISOR_PS_MARGIN_SECONDS
                                    if spec.ps_timeout > 0 else None)),
-          worker_watch.WorkerWatchConfig(timeout=spec.worker_timeout))
+          task_watch.TaskWatchConfig(timeout=spec.worker_timeout,
+                                     ps_readmit_after=spec.ps_readmit_after))
 
 
 class _CoordinatorLauncher:
   """The chief's coordinators (`supervisor.CoordinatorLauncher`).
 
   Each coordinator is `tfps run --nosupervise` with the run spec in a file
-  (its left-out workers written in), the cluster in TF_CONFIG, an exit
+  (its left-out tasks written in), the cluster in TF_CONFIG, an exit
   report and a result file in the chief's scratch directory. Whether it
   trained is read from the progress log; once it has, the next coordinator
   is started and imported ahead of need (`standby.WarmCoordinators`).
@@ -196,7 +198,7 @@ class _CoordinatorLauncher:
 
   def _command(self, excluded: tuple[str, ...]) -> list[str]:
     path = os.path.join(self._scratch, f"run_spec-{next(self._spec_files)}.json")
-    run_spec.write(dataclasses.replace(self._spec, exclude_workers=excluded), path)
+    run_spec.write(dataclasses.replace(self._spec, exclude_tasks=excluded), path)
     return [sys.executable, "-m", "tfps", "run", "--nosupervise", f"--run_spec={path}",
             f"--result_file={self.result_path}"]
 
@@ -260,8 +262,8 @@ def _supervise_chief(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, 
     result = supervisor.Supervisor(
         supervisor_config, launcher=launcher, cluster=probes, event_log=event_log, stop=stop,
         # The ps are probed too: a chief that sees no ps is itself cut off,
-        # and then no worker is to blame (see worker_watch).
-        watch=worker_watch.WorkerWatch(workers, watch_config, anchors=list(probes.ps_addresses)),
+        # and then no worker is to blame; and a ps left out is taken back (task_watch).
+        watch=task_watch.TaskWatch(workers, watch_config, ps=list(probes.ps_addresses)),
     ).run()
     if result.exit_code != errors.ExitCode.OK:
       return result.exit_code

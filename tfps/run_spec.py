@@ -40,9 +40,11 @@ class RunSpec:
     split), ps_timeout (0: no deadline): the coordinator's (`CoordinatorConfig`).
       Exactly one of train_steps and train_epochs is set.
     max_restarts, restart_window, cluster_wait_seconds, worker_timeout,
-    grace_seconds, warm_standby: the chief's supervisor.
-    exclude_workers: workers the supervisor leaves out of a coordinator's
-      cluster (`worker:1`); set by the supervisor, not by users.
+    grace_seconds, warm_standby, ps_failover, ps_readmit_after: the chief's
+      supervisor.
+    exclude_tasks: workers and ps the supervisor leaves out of a
+      coordinator's cluster (`worker:1`, `ps:0`); set by the supervisor, not
+      by users.
   """
 
   experiment: str = "ctr"
@@ -72,7 +74,9 @@ class RunSpec:
   worker_timeout: float = 60.0
   grace_seconds: float = 15.0
   warm_standby: bool = True
-  exclude_workers: tuple[str, ...] = ()
+  ps_failover: bool = True
+  ps_readmit_after: float = 30.0
+  exclude_tasks: tuple[str, ...] = ()
 
   def __post_init__(self):
     api.experiment_target(self.experiment)  # A UsageError naming it, if it is not one.
@@ -102,18 +106,19 @@ class RunSpec:
       if not (_is_number(value) and value < float("inf")
               and (value > 0 if lowest == "positive" else value >= 0)):
         raise errors.UsageError(f"{name} ({value!r}) must be {lowest}")
-    for name in ("warm_standby", "fast_start", "async_checkpoint"):
+    for name in ("warm_standby", "fast_start", "async_checkpoint", "ps_failover"):
       if not isinstance(getattr(self, name), bool):
         raise errors.UsageError(f"{name} ({getattr(self, name)!r}) must be true or false")
-    object.__setattr__(self, "exclude_workers", tuple(self.exclude_workers))
-    for name in self.exclude_workers:
-      if spec_lib.TaskId.parse(name).job != spec_lib.JobType.WORKER:
-        raise errors.UsageError(f"exclude_workers ({name!r}) must name workers (worker:N)")
+    object.__setattr__(self, "exclude_tasks", tuple(self.exclude_tasks))
+    for name in self.exclude_tasks:
+      if spec_lib.TaskId.parse(name).job not in (spec_lib.JobType.WORKER, spec_lib.JobType.PS):
+        raise errors.UsageError(
+            f"exclude_tasks ({name!r}) must name workers or ps (worker:N, ps:N)")
 
   def coordinator_config(self, cluster: spec_lib.ClusterSpec) -> api.CoordinatorConfig:
-    """The coordinator's configuration on `cluster` (its left-out workers removed)."""
+    """The coordinator's configuration on `cluster` (its left-out tasks removed)."""
     return api.CoordinatorConfig(
-        cluster=cluster.without_workers(map(spec_lib.TaskId.parse, self.exclude_workers)),
+        cluster=cluster.without(map(spec_lib.TaskId.parse, self.exclude_tasks)),
         model_dir=self.model_dir,
         **{name: getattr(self, name) for name in _CHIEF_FIELDS},
         min_shard_bytes=self.min_shard_bytes or None,
@@ -122,7 +127,7 @@ class RunSpec:
   def to_json(self) -> dict[str, Any]:
     out = {name: getattr(self, name) for name in FIELDS}  # asdict cannot copy a mappingproxy.
     out["experiment_params"] = dict(self.experiment_params)
-    out["exclude_workers"] = list(self.exclude_workers)
+    out["exclude_tasks"] = list(self.exclude_tasks)
     return out
 
   @classmethod
@@ -164,7 +169,7 @@ _POSITIVE_INTS = ("train_steps", "train_epochs", "input_shards", "steps_per_loop
                   "eval_interval", "eval_shards", "global_batch_size")
 _SECONDS = {"ready_timeout": "positive", "restart_window": "positive",
             "cluster_wait_seconds": "positive", "worker_timeout": "positive",
-            "grace_seconds": "positive", "ps_timeout": ">= 0"}
+            "grace_seconds": "positive", "ps_timeout": ">= 0", "ps_readmit_after": ">= 0"}
 FIELDS = tuple(f.name for f in dataclasses.fields(RunSpec))
 
 
@@ -204,7 +209,7 @@ def from_flags(flags) -> RunSpec:
   else:
     values = {name: getattr(flags, name) for name in FIELDS}
     values["experiment_params"] = parse_params(flags.experiment_params)
-    values["exclude_workers"] = tuple(flags.exclude_workers)
+    values["exclude_tasks"] = tuple(flags.exclude_tasks)
     if flags.train_epochs is not None and not flags["train_steps"].present:
       values["train_steps"] = None  # Epochs decide; giving both is refused.
     spec = RunSpec(**values)

@@ -155,21 +155,23 @@ class ClusterSpec:
         (job, addresses) for job, addresses in self.jobs if job != JobType.EVALUATOR))
 
 
-  def without_workers(self, workers: Iterable[TaskId]) -> "ClusterSpec":
-    """This cluster minus some workers, the rest renumbered from 0.
+  def without(self, tasks: Iterable[TaskId]) -> "ClusterSpec":
+    """This cluster minus some workers and ps, the rest of each job renumbered from 0.
 
-    ParameterServerStrategy addresses workers as task 0..n-1, so the
-    remaining ones must be dense; a worker's identity is its address.
+    ParameterServerStrategy addresses the tasks of a job as 0..n-1, so the
+    remaining ones must be dense; a task's identity is its address. At least
+    one worker and one ps must remain.
     """
-    drop = set(workers)
-    if any(t.job != JobType.WORKER for t in drop):
-      raise ClusterSpecError(f"only workers can be left out, not {sorted(map(str, drop))}")
-    kept = tuple(a for i, a in enumerate(self.addresses(JobType.WORKER))
-                 if TaskId(JobType.WORKER, i) not in drop)
-    if not kept:
-      raise ClusterSpecError("cluster.worker: cannot leave out every worker")
-    return ClusterSpec(jobs=tuple((job, kept if job == JobType.WORKER else addresses)
-                                  for job, addresses in self.jobs))
+    drop = set(tasks)
+    if any(t.job not in (JobType.WORKER, JobType.PS) for t in drop):
+      raise ClusterSpecError(f"only workers and ps can be left out, not {sorted(map(str, drop))}")
+    jobs = []
+    for job, addresses in self.jobs:
+      kept = tuple(a for i, a in enumerate(addresses) if TaskId(job, i) not in drop)
+      if not kept:
+        raise ClusterSpecError(f"cluster.{job.value}: cannot leave out every {job.value} task")
+      jobs.append((job, kept))
+    return ClusterSpec(jobs=tuple(jobs))
 
 
 @dataclasses.dataclass(frozen=True)

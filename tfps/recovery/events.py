@@ -33,9 +33,10 @@ class Event:
     steps_reexecuted: steps TensorFlow ran twice retrying a failed closure
       (the failed attempt's partial updates stay applied).
     seconds_to_recover: from detection to progress again, for `recovered`.
-    worker_change: for a worker left out of training (`gone`) or taken back
-      (`back`) by the supervisor: that change (recovery.worker_watch.Change).
-    workers_left_out: with `worker_change`, every worker left out after it.
+    task_change: for a worker left out of training (`gone`), or a worker or
+      ps taken back (`back`) by the supervisor: that change
+      (recovery.task_watch.Change).
+    tasks_left_out: with `task_change`, every worker and ps left out after it.
     detail: one human-readable line.
     time: seconds since the epoch.
   """
@@ -48,16 +49,16 @@ class Event:
   steps_lost: int | None = None
   steps_reexecuted: int | None = None
   seconds_to_recover: float | None = None
-  worker_change: str | None = None
-  workers_left_out: tuple[str, ...] | None = None
+  task_change: str | None = None
+  tasks_left_out: tuple[str, ...] | None = None
   detail: str = ""
   time: float = dataclasses.field(default_factory=time.time)
 
   def __post_init__(self):
     if self.kind not in ("failure", "action", "recovered", "epoch"):
       raise ValueError(f"kind ({self.kind!r}) must be failure, action, recovered or epoch")
-    if self.workers_left_out is not None:  # JSON gives a list back.
-      object.__setattr__(self, "workers_left_out", tuple(self.workers_left_out))
+    if self.tasks_left_out is not None:  # JSON gives a list back.
+      object.__setattr__(self, "tasks_left_out", tuple(self.tasks_left_out))
 
 
 class EventLog:

@@ -13,7 +13,10 @@ The failure matrix (docs/recovery.md) as decisions:
   WORKER_GONE           RESTART_WITHOUT_TASK    TF would wait up to an hour for it and
                                                 block everyone; go on without it
   PS_LOST               WAIT_AND_RESTART        its variables are gone: wait for the
-                                                cluster, new coordinator, restore
+                                                cluster, new coordinator, restore;
+                        RESTART_WITHOUT_TASK    with ps failover, when it does not
+                                                answer and another ps does: restore
+                                                on the ps that answer, at once
   CLUSTER_UNREACHABLE   WAIT_AND_RESTART        same, for whatever is missing
   CHIEF_LOST            WAIT_AND_RESTART        (decided by whoever restarts the chief)
   TASK_NOTICE           SAVE_NOW                a ps/worker got SIGTERM: save before it goes
@@ -21,6 +24,15 @@ The failure matrix (docs/recovery.md) as decisions:
   USER_ERROR, NAN_LOSS,
   BAD_CONFIG,
   BAD_CHECKPOINT        GIVE_UP                 permanent: a retry fails the same way
+
+Ps failover: a lost ps comes back empty, so waiting for it buys nothing but
+its memory and its share of the work; on preemptible VMs its replacement
+can take minutes. With `ps_failover`, every restart that would wait for the
+cluster leaves out the ps that do not answer at that moment (as long as one
+does): the new coordinator places every variable on the ps that answer and
+restores the checkpoint there (a checkpoint does not depend on where its
+variables live). A ps left out is taken back at the next restart at which
+it answers, or sooner by the supervisor's watch (`recovery.task_watch`).
 
 Restarts are budgeted: more than `max_restarts` within `window_seconds`
 is a crash loop, and the answer becomes GIVE_UP with the reason. The budget
@@ -136,11 +148,16 @@ class RestartHistory:
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-  """What to do; `exit_code` is set when the action ends the run."""
+  """What to do; `exit_code` is set when the action ends the run.
+
+  `leave_out`: with a restart, the ps the new coordinator goes without
+  (ps failover); every other ps is in its cluster.
+  """
 
   action: Action
   reason: str
   exit_code: errors.ExitCode | None = None
+  leave_out: frozenset = frozenset()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -150,10 +167,13 @@ class RestartPolicy:
   Attributes:
     max_restarts: coordinator restarts allowed within `window_seconds`.
     window_seconds: the sliding window of the budget (`math.inf`: the whole run).
+    ps_failover: restart without the ps that do not answer instead of
+      waiting for them (see the module docstring).
   """
 
   max_restarts: int = 5
   window_seconds: float = 600.0
+  ps_failover: bool = False
 
   def __post_init__(self):
     if self.max_restarts < 0:
@@ -161,7 +181,8 @@ class RestartPolicy:
     if self.window_seconds <= 0:
       raise ValueError(f"window_seconds ({self.window_seconds}) must be positive")
 
-  def decide(self, kind: FailureKind, history: RestartHistory, now: float) -> Decision:
+  def decide(self, kind: FailureKind, history: RestartHistory, now: float, *,
+             ps: frozenset = frozenset(), ps_down: frozenset = frozenset()) -> Decision:
     """The action for a failure of `kind`.
 
     Args:
@@ -169,6 +190,8 @@ class RestartPolicy:
       history: the earlier coordinator restarts (any clock, the same one as
         `now`); only its unproductive restarts count.
       now: the current time.
+      ps: every ps of the cluster (for ps failover).
+      ps_down: those of them that do not answer now.
     """
     if kind.permanent:
       return Decision(Action.GIVE_UP, f"{kind.value} is permanent: a retry would fail the same way",
@@ -183,4 +206,11 @@ class RestartPolicy:
         return Decision(Action.GIVE_UP,
                         f"restart budget spent: {len(recent)} restarts{window} "
                         f"(max {self.max_restarts})", errors.ExitCode.PERMANENT)
+    if action == Action.WAIT_AND_RESTART and self.ps_failover and ps_down and ps - ps_down:
+      names = ", ".join(sorted(map(str, ps_down)))
+      verb = "does" if len(ps_down) == 1 else "do"
+      return Decision(Action.RESTART_WITHOUT_TASK,
+                      f"{kind.value} -> {Action.RESTART_WITHOUT_TASK.value}: {names} {verb} not "
+                      "answer; the other ps take its variables (ps failover)",
+                      leave_out=frozenset(ps_down))
     return Decision(action, f"{kind.value} -> {action.value}")

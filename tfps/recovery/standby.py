@@ -6,13 +6,13 @@ TensorFlow, tf_keras and Orbit (~5-9 s on 2 cores, measured in the chief's
 log between "starting coordinator" and "connected"). The chief's supervisor
 therefore keeps the *next* coordinator started and imported ahead of need,
 blocked before it does anything else: on a restart it is told to go (with
-the workers to leave out) instead of a cold process being started.
+the workers and ps to leave out) instead of a cold process being started.
 
 The standby is only made once the current coordinator has trained (so it
 never takes CPU from a coordinator that is still starting, and a
 coordinator that fails at once, e.g. on bad input, is not shadowed by a
 process that would fail the same way), one at a time. It waits on its stdin:
-one JSON line `{"exclude_workers": [...]}` says go; end of file (the
+one JSON line `{"exclude_tasks": [...]}` says go; end of file (the
 supervisor is gone) or a stop signal ends it without doing anything.
 
 Pure plumbing, no TensorFlow: the coordinator side (`wait_for_go`) is called
@@ -41,7 +41,7 @@ _WAKE_SECONDS = 0.5
 class Go:
   """What a standby is told when it takes over."""
 
-  exclude_workers: tuple[str, ...] = ()
+  exclude_tasks: tuple[str, ...] = ()
 
 
 def wait_for_go(stop: signals.StopSignals, stdin: TextIO) -> Go | None:
@@ -52,7 +52,7 @@ def wait_for_go(stop: signals.StopSignals, stdin: TextIO) -> Go | None:
     line = stdin.readline()
     if not line:
       return None  # The supervisor is gone (or closed us): nothing to do.
-    return Go(exclude_workers=tuple(json.loads(line)["exclude_workers"]))
+    return Go(exclude_tasks=tuple(json.loads(line)["exclude_tasks"]))
   return None
 
 
@@ -60,7 +60,7 @@ class WarmCoordinators:
   """Starts coordinator processes for the supervisor, the next one kept warm.
 
   `command(excluded)` is the command line of a coordinator that leaves the
-  workers `excluded` out (`tfps run` writes them into the run spec file it
+  tasks `excluded` out (`tfps run` writes them into the run spec file it
   names); a standby is started with `command(())` and told whom to leave out
   in its go line. Every process writes its
   stdout to its own file in `stdout_dir`; `stdout_path` is the current one's.
@@ -101,7 +101,7 @@ class WarmCoordinators:
       self._standby = None
       if process.poll() is None:
         try:
-          process.stdin.write((json.dumps({"exclude_workers": list(excluded)}) + "\n").encode())
+          process.stdin.write((json.dumps({"exclude_tasks": list(excluded)}) + "\n").encode())
           process.stdin.close()
           self.stdout_path = path
           return process, True

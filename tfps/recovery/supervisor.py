@@ -15,11 +15,15 @@ exit code (set by exception *type*, see `errors`), asks the pure
   killed by a signal        CHIEF_LOST            wait for the cluster, restart
   other                     CLUSTER_UNREACHABLE   wait for the cluster, restart
 
-It also watches the workers (`worker_watch`): one unreachable for longer
-than the timeout is left out (the coordinator is asked to save and stop with
-SIGTERM, then restarted on the cluster without it), and taken back the same
-way once it answers again, so no single lost worker can stall training in
-TF's hour-long wait.
+With ps failover (`policy.RestartPolicy.ps_failover`), a restart does not
+wait for a ps that does not answer when it is decided: the new coordinator
+runs on the ps that do, and the one left out is taken back later.
+
+It also watches the workers and ps (`task_watch`): a worker unreachable for
+longer than the timeout is left out (the coordinator is asked to save and
+stop with SIGTERM, then restarted on the cluster without it), and a left-out
+worker or ps is taken back the same way once it has answered for a while, so
+no single lost worker can stall training in TF's hour-long wait.
 
 A SIGTERM/SIGINT to the supervisor is passed to the coordinator, which saves
 and exits; the supervisor then exits 143/130 without restarting. Waiting for
@@ -55,7 +59,7 @@ from tfps.recovery import exit_report as exit_report_lib
 from tfps.recovery import overdue as overdue_lib
 from tfps.recovery import policy as policy_lib
 from tfps.base import signals
-from tfps.recovery import worker_watch
+from tfps.recovery import task_watch
 
 Kind = policy_lib.FailureKind
 Action = policy_lib.Action
@@ -158,7 +162,7 @@ class Supervisor:
 
   def __init__(self, config: SupervisorConfig, *, launcher: CoordinatorLauncher,
                cluster: ClusterProbes, event_log: events_lib.EventLog,
-               stop: signals.StopSignals, watch: worker_watch.WorkerWatch | None = None,
+               stop: signals.StopSignals, watch: task_watch.TaskWatch | None = None,
                clock: Callable[[], float] = time.monotonic):
     """Args:
       launcher: starts the coordinators, says how each ended.
@@ -166,7 +170,7 @@ class Supervisor:
       event_log: where failures, actions and recoveries are recorded.
       stop: the supervisor's own stop signals, passed on to the coordinator.
       watch: optional; every `probe_seconds` the reachable ps and workers go
-        to it, and it says when to leave a worker out and take it back.
+        to it, and it says when to leave a worker out and take a task back.
       clock: seconds, for the budget, the deadlines and the events.
     """
     self._config = config
@@ -198,14 +202,14 @@ class Supervisor:
       attempt += 1
       if change is not None:
         # We stopped it (it saved) to change its cluster: not a failure.
-        what, worker = change
-        preposition = "without" if what == worker_watch.Change.GONE else "with"
+        what, task = change
+        preposition = "without" if what == task_watch.Change.GONE else "with"
         left_out = tuple(sorted(map(str, self.excluded)))
         self._events.append(events_lib.Event(
-            kind="recovered", task=str(worker), worker_change=what.value,
-            workers_left_out=left_out, detail=
-            f"coordinator restarting {preposition} {worker}; "
-            f"workers left out: {', '.join(left_out) or 'none'}"))
+            kind="recovered", task=str(task), task_change=what.value,
+            tasks_left_out=left_out, detail=
+            f"coordinator restarting {preposition} {task}; "
+            f"tasks left out: {', '.join(left_out) or 'none'}"))
         continue
       report = self._launcher.exit_report()
       if self._launcher.trained():
@@ -220,14 +224,20 @@ class Supervisor:
       if kind is None:
         return SupervisorResult(errors.ExitCode.OK, restarts, "finished")
       now = self._clock()
-      decision = self._config.policy.decide(kind, self._history, now)
+      ps = frozenset(self._cluster.ps_addresses)
+      ps_down = (ps - self._cluster.reachable() if self._config.policy.ps_failover
+                 else frozenset())
+      decision = self._config.policy.decide(kind, self._history, now, ps=ps, ps_down=ps_down)
       self._record("chief:0", kind, decision, detail)
       if decision.action == Action.GIVE_UP:
         logging.error("coordinator exited with code %d (%s); giving up: %s",
                       code, kind.value, decision.reason)
         return SupervisorResult(decision.exit_code, restarts, decision.reason)
       logging.warning("coordinator exited with code %d (%s): %s", code, kind.value,
-                      decision.action.value)
+                      decision.reason)
+      # Every ps that answers is in the new coordinator's cluster (a ps left
+      # out before is taken back here), but those the decision leaves out.
+      self.excluded = {t for t in self.excluded if t not in ps} | set(decision.leave_out)
       try:
         # Left-out workers are not waited for: the watch takes them back.
         self._cluster.wait_until_reachable(self._config.cluster_wait_seconds,
@@ -238,10 +248,12 @@ class Supervisor:
                                              action=Action.GIVE_UP.value, detail=str(e)))
         return SupervisorResult(errors.ExitCode.CLUSTER_LOST, restarts, str(e))
       self._history = self._history.restarted(now)
+      without = sorted(map(str, self.excluded))
       self._events.append(events_lib.Event(
           kind="recovered", task="chief:0", failure=kind.value,
           seconds_to_recover=round(self._clock() - now, 3),
-          detail=f"cluster reachable; starting coordinator attempt {attempt + 1}"))
+          detail=f"cluster reachable; starting coordinator attempt {attempt + 1}"
+                 + (f" without {', '.join(without)}" if without else "")))
 
   def _wait(self, process: subprocess.Popen) -> _Ended:
     """Waits for the coordinator to exit; says how it ended (`_Ended`).
@@ -253,7 +265,8 @@ class Supervisor:
     """
     stop_deadline = None
     change = None
-    ps_addresses = self._cluster.ps_addresses
+    # A ps left out is nobody's concern until it is taken back.
+    ps_addresses = {t: a for t, a in self._cluster.ps_addresses.items() if t not in self.excluded}
     ps_silence = (overdue_lib.Overdue(ps_addresses, self._config.ps_deadline_seconds,
                                       name="ps_deadline_seconds")
                   if ps_addresses and self._config.ps_deadline_seconds else None)
@@ -312,8 +325,9 @@ class Supervisor:
     if self._watch is None:
       return None
     for what, worker in self._watch.update(reachable, self.excluded, now):
-      if what == worker_watch.Change.BACK:
-        logging.warning("%s answers again: restarting the coordinator with it", worker)
+      if what == task_watch.Change.BACK:
+        logging.warning("%s answers again: saving and restarting the coordinator with it",
+                        worker)
         self.excluded.discard(worker)
         return what, worker
       decision = self._config.policy.decide(Kind.WORKER_GONE, self._history, now)

@@ -1,16 +1,16 @@
-"""WorkerWatch is pure: step it one observation at a time."""
+"""TaskWatch is pure: step it one observation at a time."""
 
 import pytest
 
 from tfps.cluster import spec as spec_lib
-from tfps.recovery import worker_watch
+from tfps.recovery import task_watch
 
 W = [spec_lib.TaskId(spec_lib.JobType.WORKER, i) for i in range(3)]
-GONE, BACK = worker_watch.Change.GONE, worker_watch.Change.BACK
+GONE, BACK = task_watch.Change.GONE, task_watch.Change.BACK
 
 
 def watch(timeout=10.0, readmit_after=3.0):
-  return worker_watch.WorkerWatch(W, worker_watch.WorkerWatchConfig(
+  return task_watch.TaskWatch(W, task_watch.TaskWatchConfig(
       timeout=timeout, readmit_after=readmit_after))
 
 
@@ -48,14 +48,14 @@ def test_the_last_worker_is_never_excluded():
     (dict(timeout=0), r"timeout \(0\)"), (dict(readmit_after=-1), r"readmit_after \(-1\)")])
 def test_config_validation(kwargs, message):
   with pytest.raises(ValueError, match=message):
-    worker_watch.WorkerWatchConfig(**kwargs)
+    task_watch.TaskWatchConfig(**kwargs)
 
 
 PS = spec_lib.TaskId(spec_lib.JobType.PS, 0)
 
 
 def test_no_verdict_while_the_chief_sees_no_ps_either():
-  w = worker_watch.WorkerWatch(W, worker_watch.WorkerWatchConfig(timeout=10.0), anchors=[PS])
+  w = task_watch.TaskWatch(W, task_watch.TaskWatchConfig(timeout=10.0), ps=[PS])
   assert w.update({PS, *W}, set(), now=0) == []
   # The chief is cut off: no worker and no ps answers. Nobody is blamed.
   assert w.update(set(), set(), now=1) == []
@@ -64,3 +64,20 @@ def test_no_verdict_while_the_chief_sees_no_ps_either():
   assert w.update({PS, W[0], W[2]}, set(), now=101) == []
   assert w.update({PS, W[0], W[2]}, set(), now=110) == []
   assert w.update({PS, W[0], W[2]}, set(), now=111) == [(GONE, W[1])]
+
+
+P = [spec_lib.TaskId(spec_lib.JobType.PS, i) for i in range(2)]
+
+
+def test_an_excluded_ps_is_back_after_answering_for_its_own_time_and_never_gone():
+  w = task_watch.TaskWatch(W, task_watch.TaskWatchConfig(
+      timeout=10.0, readmit_after=3.0, ps_readmit_after=30.0), ps=P)
+  everyone = {*W, *P}
+  assert w.update(everyone - {P[0]}, {P[0]}, now=0) == []
+  assert w.update(everyone - {P[0]}, {P[0]}, now=100) == []  # Down for long: not GONE.
+  assert w.update(everyone, {P[0]}, now=101) == []
+  assert w.update(everyone, {P[0]}, now=130) == []  # 29 s: not yet.
+  assert w.update(everyone, {P[0]}, now=131) == [(BACK, P[0])]
+  # A ps in the coordinator's cluster that stops answering is the coordinator's to notice.
+  assert w.update(everyone - {P[1]}, set(), now=132) == []
+  assert w.update(everyone - {P[1]}, set(), now=200) == []

@@ -1,0 +1,95 @@
+"""When to give up on a worker, and when to take a worker or a ps back (pure).
+
+TF re-admits a worker that returns at the same address by itself. One that
+never returns is worse than lost: TF's failure handler waits up to an hour
+for it, and while it waits no other returning worker is re-admitted. So the
+supervisor probes the workers and ps and feeds what it sees here:
+
+  * a worker in the coordinator's cluster that has been unreachable for
+    `timeout` seconds is GONE: restart the coordinator without it;
+  * an excluded worker that has answered for `readmit_after` seconds in a
+    row is BACK: restart the coordinator with it again;
+  * an excluded ps (left out by ps failover, `recovery.policy`) that has
+    answered for `ps_readmit_after` seconds in a row is BACK likewise. A ps
+    is never GONE here: the coordinator notices a lost ps itself.
+
+The last worker is never excluded (without workers nothing can train; that
+is a cluster loss, handled elsewhere). Nor is any worker judged while none
+of the ps answers either: then it is the chief that is cut off (a partition
+of the chief, or every ps lost), not the workers, and the coordinator's ps
+deadline (`coordinator.ps_deadline`) handles it; the counting starts afresh
+once the chief sees a ps again. No clock or I/O here: the caller passes
+`now` and the set of reachable tasks.
+"""
+
+import dataclasses
+import enum
+from typing import Iterable
+
+from tfps.cluster import spec as spec_lib
+
+
+class Change(str, enum.Enum):
+  GONE = "gone"
+  BACK = "back"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TaskWatchConfig:
+  """Attributes:
+    timeout: seconds unreachable before a worker is excluded.
+    readmit_after: seconds reachable before an excluded worker is taken back.
+    ps_readmit_after: seconds reachable before an excluded ps is taken back.
+      Longer than a worker's: taking a ps back restarts the coordinator, and
+      the ps failover's coordinator already trains at full strength.
+  """
+
+  timeout: float = 60.0
+  readmit_after: float = 5.0
+  ps_readmit_after: float = 30.0
+
+  def __post_init__(self):
+    if self.timeout <= 0:
+      raise ValueError(f"timeout ({self.timeout}) must be positive")
+    for name in ("readmit_after", "ps_readmit_after"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"{name} ({getattr(self, name)}) must be >= 0")
+
+
+class TaskWatch:
+  def __init__(self, workers: Iterable[spec_lib.TaskId], config: TaskWatchConfig,
+               ps: Iterable[spec_lib.TaskId] = ()):
+    self._config = config
+    self._workers = tuple(sorted(workers))
+    self._ps = tuple(sorted(ps))
+    # Since when each task has been in its current state (up or down).
+    self._since: dict[spec_lib.TaskId, tuple[bool, float]] = {}
+
+  @property
+  def timeout(self) -> float:
+    return self._config.timeout
+
+  def update(self, reachable: set[spec_lib.TaskId], excluded: set[spec_lib.TaskId],
+             now: float) -> list[tuple[Change, spec_lib.TaskId]]:
+    """Changes to make now, given who answered and who is excluded."""
+    if self._ps and not set(self._ps) & reachable:
+      self._since.clear()  # We see no ps either: no verdict on any task.
+      return []
+    for task in self._workers + self._ps:
+      up = task in reachable
+      if self._since.get(task, (None, 0.0))[0] != up:
+        self._since[task] = (up, now)
+    changes = []
+    included = [w for w in self._workers if w not in excluded]
+    for task in self._workers + self._ps:
+      up, since = self._since[task]
+      held_for = now - since
+      readmit_after = (self._config.ps_readmit_after if task.job == spec_lib.JobType.PS
+                       else self._config.readmit_after)
+      if task in excluded and up and held_for >= readmit_after:
+        changes.append((Change.BACK, task))
+      elif (task in included and not up and held_for >= self._config.timeout
+            and len(included) > 1):
+        changes.append((Change.GONE, task))
+        included.remove(task)
+    return changes
