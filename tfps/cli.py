@@ -250,6 +250,11 @@ def _prepare_environment() -> None:
   os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
   # C++ INFO lines are start-up chatter; warnings and errors stay (summarised).
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+  # tf.keras is tf_keras (Keras 2), the Keras that works under
+  # ParameterServerStrategy. Otherwise importing TensorFlow imports Keras 3
+  # as well (to find tf.keras), about a quarter of the import: seconds of
+  # every ps, worker and coordinator start (docs/tensorflow-behaviour.md).
+  os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 
 def main(argv: list[str]) -> None:
