@@ -25,13 +25,21 @@ def test_loops_before_any_restore_are_ignored():
   assert closure_plan.coordinator_lifetimes([]) == []
 
 
-def test_a_run_s_first_coordinator_writes_out_at_once():
-  assert closure_plan.looped_seconds([], COSTS) == 0.0
+def test_a_run_s_first_coordinator_rents_until_the_break_even():
+  assert closure_plan.looped_seconds([], COSTS) == 32.0
+
+
+def test_the_measured_costs_break_even_after_minutes():
+  assert 200 <= closure_plan.MEASURED.break_even_seconds <= 250
 
 
 def test_after_long_lived_coordinators_the_next_writes_out_at_once():
   assert COSTS.break_even_seconds == 32.0
   assert closure_plan.looped_seconds([300, 280, 20], COSTS) == 0.0  # Median 280.
+
+
+def test_a_coordinator_without_a_task_to_take_back_rents_whatever_the_history():
+  assert closure_plan.looped_seconds([300, 280, 290], COSTS, replaced_soon=True) == 32.0
 
 
 def test_after_short_lived_ones_the_next_loops_until_the_break_even():

@@ -52,25 +52,27 @@ def _make_iterator(shard, start):
   return iter(tf.data.Dataset.range(100).shard(2, shard).skip(start))
 
 
-def _closures(counting, full_size=FULL, unroll=FULL):
+def _closures(counting, full_size=FULL, unroll=FULL, fast_unroll=2):
   return closures_lib.TrainClosures(counting.train_step, _make_iterator, full_size=full_size,
-                                    unroll=unroll, what="Counting")
+                                    unroll=unroll, what="Counting", fast_unroll=fast_unroll)
 
 
 def _source(shard, start):
   return (tf.constant(shard, tf.int64), tf.constant(start, tf.int64))
 
 
-def test_both_closures_run_the_same_steps_on_the_same_input():
-  for unroll in (FULL, 3, 1):  # No loop; 1 written out + a loop of 3; a loop of 1.
+def test_every_full_size_closure_runs_the_same_steps_on_the_same_input():
+  # No loop; 1 written out + a loop of 3; a loop of 1 (no dearer than the fast start).
+  for unroll, fast in ((FULL, "fast_closure"), (3, "fast_closure"), (1, "full_closure")):
     for written_out in (True, False):
       counting, coordinator = _Counting(), _Coordinator()
-      sums = _closures(counting, unroll=unroll).schedule(
-          coordinator, FULL, written_out, _source(1, 2))
+      closures = _closures(counting, unroll=unroll)  # Fast start: a loop of 2 steps.
+      sums = closures.schedule(coordinator, FULL, written_out, _source(1, 2))
       # Shard 1 is 1, 3, 5, ...; from its batch 2 on: 5, 7, 9, 11.
       assert (int(counting.steps.numpy()), int(counting.total.numpy())) == (4, 32)
       assert float(sums["value"]) == 32.0
-      assert coordinator.ran == ["full_closure" if written_out else "other_closure"]
+      assert coordinator.ran == ["full_closure" if written_out else fast]
+      assert closures.has_fast_start == (fast == "fast_closure")
 
 
 def test_a_closure_of_another_size_is_the_looped_one():
@@ -82,10 +84,13 @@ def test_a_closure_of_another_size_is_the_looped_one():
 
 def test_the_warm_up_calls_run_no_step():
   counting = _Counting()
+  closures = _closures(counting)
   with tf.distribute.get_strategy().scope():
-    for function, args in _closures(counting).warm_calls():
-      function(*args)
+    for written_out in (True, False):
+      for function, args in closures.warm_calls(written_out):
+        function(*args)
   assert (int(counting.steps.numpy()), int(counting.total.numpy())) == (0, 0)
+  assert len(closures.warm_calls(True)) == 2 and len(closures.warm_calls(False)) == 1
 
 
 def _warm(counting, coordinator, *, looped_seconds):
@@ -113,11 +118,15 @@ def test_a_looped_start_writes_out_after_the_first_loop_past_its_time():
   warm = _warm(counting, coordinator, looped_seconds=1e-9)  # Past after any loop.
   assert not warm.ready.is_set()
   warm.before_loop(written_out=False)
-  assert not warm.workers_kept_warm  # Nothing written out yet.
+  fast_resources = warm._resources  # pylint: disable=protected-access
+  assert len(fast_resources) == 2  # Warm for the fast start...
+  assert not warm.workers_kept_warm  # ...nothing written out yet.
   warm.after_loop()
   assert warm.ready.is_set()
   warm.before_loop(written_out=True)
   assert warm.workers_kept_warm
+  assert warm._resources is not fast_resources  # pylint: disable=protected-access
+  assert int(counting.steps.numpy()) == 0  # No warm-up trained.
 
 
 def test_a_looped_start_stays_looped_until_its_time():

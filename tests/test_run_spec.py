@@ -176,6 +176,7 @@ def test_chief_config_carries_the_coordinators_settings():
   assert (config.train_steps, config.train_epochs, config.input_shards) == (None, 2, 5)
   assert config.ps_timeout is None and config.min_shard_bytes is None  # 0: off, as the flags.
   assert config.cluster.addresses(spec_lib.JobType.WORKER) == ("h:4",)
+  assert config.tasks_left_out == ("worker:0",)
 
 
 def _chief_result(**overrides):

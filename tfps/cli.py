@@ -112,10 +112,10 @@ flags.DEFINE_integer("input_shards", None,
 flags.DEFINE_integer("steps_per_loop", 200, "Steps per Orbit loop (progress/summary cadence).")
 flags.DEFINE_integer("steps_per_closure", 50, "Steps in one remote closure on a worker.")
 flags.DEFINE_bool("fast_start", True,
-                  "When this run's recent coordinators died sooner than tracing the "
-                  "written-out closures repays, start the next with looped closures (traced "
-                  "in a fraction of the time) and write out only once it has lived long "
-                  "enough; otherwise write out at once.")
+                  "Start each coordinator with fast-start closures (5 steps per loop "
+                  "iteration: ready in seconds, ~4% slower) and write the closures out once "
+                  "it has lived long enough to repay it, or at once when this run's recent "
+                  "coordinators lived that long.")
 flags.DEFINE_integer("checkpoint_interval", 200,
                      "Save a checkpoint every this many steps: the steps a ps or chief loss "
                      "can roll back (an asynchronous save stops training for milliseconds).")

@@ -178,12 +178,15 @@ class CoordinatorConfig:
     ready_timeout: seconds to wait for the cluster to answer.
     min_shard_bytes: split variables larger than this across the ps tasks;
       None disables partitioning.
-    fast_start: start with looped closures when the run's recent
-      coordinators died too soon to repay writing them out
-      (`coordinator.closure_plan`).
+    fast_start: start with the fast-start closures and write out once the
+      coordinator has lived long enough to repay it, or at once after
+      long-lived coordinators (`coordinator.closure_plan`).
     ps_timeout: seconds a ps may not answer before the run counts it lost
       and exits 170 (a partition hangs TF instead of failing it, see
       `coordinator.ps_deadline`); None: no deadline.
+    tasks_left_out: the workers and ps the supervisor left out of `cluster`
+      (`worker:1`, `ps:0`): it restarts this coordinator when they answer
+      again, so it is expected to live short (`coordinator.closure_plan`).
   """
 
   cluster: spec_lib.ClusterSpec
@@ -208,6 +211,7 @@ class CoordinatorConfig:
   ready_timeout: float = 60.0
   min_shard_bytes: int | None = DEFAULT_MIN_SHARD_BYTES
   ps_timeout: float | None = None
+  tasks_left_out: tuple[str, ...] = ()
 
   def __post_init__(self):
     if not isinstance(self.cluster, spec_lib.ClusterSpec):

@@ -1,35 +1,37 @@
-"""A `PSTrainer`'s two train closures, and how the faster one is made ready.
+"""A `PSTrainer`'s train closures, and how the fastest one is made ready.
 
-`TrainClosures` holds the two `tf.function`s a train loop schedules:
+`TrainClosures` holds the `tf.function`s a train loop schedules:
 
-* the closure of `steps_per_closure` steps (nearly every closure), traced
-  with its shape fixed: steps written out `unroll` at a time, `n % unroll`
-  (or `unroll`) of them first, then a while loop whose every iteration runs
-  `unroll` more. With the defaults (50 and 50) it has no loop at all, the
-  cheapest form per step measured (docs/history/2026-11-23-benchmarks.md),
-  and the dearest to trace: ~0.25 s per step written out on 2 cores.
+* the written-out closure of `steps_per_closure` steps (nearly every
+  closure at full speed), traced with its shape fixed: steps written out
+  `unroll` at a time, `n % unroll` (or `unroll`) of them first, then a while
+  loop whose every iteration runs `unroll` more. With the defaults (50 and
+  50) it has no loop at all, the cheapest form per step measured, and the
+  dearest to make ready: tracing it and instantiating it on the workers
+  stops training for ~9 s on 2 cores;
+* the fast-start closure of the same size, built the same way with
+  `FAST_UNROLL` steps per loop iteration: ready in a fraction of that time
+  and ~4 % slower per step (docs/recovery.md "Fast start");
 * every other size (a loop's last closure, or closures shrunk so that each
-  worker gets one): one step per loop iteration, traced once for all sizes,
-  in a fraction of that time; also every closure of a looped start (below).
+  worker gets one): one step per loop iteration, traced once for all sizes.
 
-Both take `train` first: false runs no step and only instantiates the
+All take `train` first: false runs no step and only instantiates the
 function on the worker (a warm-up, `warm_up.train_or_skip`).
 
-`WarmClosures` says which a loop uses. A coordinator writes its closures
-out from its first loop, or trains looped for the seconds
-`closure_plan.looped_seconds` gives it (recent coordinators of the run died
-too soon to repay the write-out) and writes out from the loop after. The
-write-out is in the foreground: the next loop traces it, and every worker
-instantiates it on its first such closure, all at once. (Tracing it in a
-background thread beside looped training was never the better of the two
-at any coordinator lifetime measured on 2 cores: there the trace and a
-worker-by-worker warm-up took ~2.5x as long and slowed the looped closure
-to ~0.55x; docs/recovery.md "Fast start".) Warm workers: before the first
-written-out loop, a per-worker resource has every worker instantiate both
-closures before its first closure, and has TF do it again on a worker it
-takes back after a restart, before it hands that worker a closure: no loop
-waits for a cold worker after that. The steps and their order are
-the same either way; only their cost changes.
+`WarmClosures` says which a loop uses. A coordinator trains with the
+fast-start closure for the seconds `closure_plan.looped_seconds` gives it,
+then writes out from the next loop (at once when that is 0). The write-out
+is in the foreground: the next loop traces it, and every worker
+instantiates it before its first such closure, all at once. (Tracing it in
+a background thread beside training was never the better choice on 2
+cores: there the trace and a worker-by-worker warm-up took ~2.5x as long
+and slowed training to ~0.55x; docs/recovery.md "Fast start".) Warm
+workers: before the first loop of each kind, a per-worker resource has every
+worker instantiate that kind's closures before its first closure, and has
+TF do it again on a worker it takes back after a restart, before it hands
+that worker a closure: no loop waits for a cold worker after that. The
+steps and their order are the same in every closure; only their cost
+changes.
 """
 
 import threading
@@ -47,28 +49,38 @@ _SKIP_SPECS = (tf.TensorSpec([], tf.bool), tf.TensorSpec([], tf.int64),
                tf.TensorSpec([], tf.int64))
 
 
+# Steps per loop iteration of the fast-start closure. Measured on the ctr
+# (fault-free, 2 cores): 1 runs at ~0.78x the written-out closure's speed,
+# 2-3 at ~0.9x, 5 at ~0.96x, ready in ~3.5 s against ~11 s written out.
+FAST_UNROLL = 5
+
+
 class TrainClosures:
-  """The written-out closure and the looped one, over `make_iterator(*source)`."""
+  """The written-out, fast-start and looped closures, over `make_iterator(*source)`."""
 
   def __init__(self, train_step: Callable[[Any], Any], make_iterator: Callable[..., Any], *,
-               full_size: int, unroll: int, what: str):
+               full_size: int, unroll: int, what: str, fast_unroll: int = FAST_UNROLL):
     self.full_size = full_size
-    peeled = full_size % unroll or min(unroll, full_size)
-    iterations = (full_size - peeled) // unroll
 
-    def full_closure(train, *source):
-      def steps():
-        iterator = make_iterator(*source)
-        # The first step's logs (if any) give the structure of the running sums.
-        sums = step_logs.start(train_step(iterator), what)
-        for _ in range(peeled - 1):  # Python: written out.
-          sums = step_logs.add(sums, train_step(iterator), what)
-        if iterations:  # Python: known when traced.
-          for _ in tf.range(iterations):  # A tf.while_loop on the worker.
-            for _ in range(unroll):
-              sums = step_logs.add(sums, train_step(iterator), what)
-        return sums
-      return warm_up.train_or_skip(train, steps)
+    def of_full_size(unroll: int, name: str):
+      peeled = full_size % unroll or min(unroll, full_size)
+      iterations = (full_size - peeled) // unroll
+
+      def full_closure(train, *source):
+        def steps():
+          iterator = make_iterator(*source)
+          # The first step's logs (if any) give the structure of the running sums.
+          sums = step_logs.start(train_step(iterator), what)
+          for _ in range(peeled - 1):  # Python: written out.
+            sums = step_logs.add(sums, train_step(iterator), what)
+          if iterations:  # Python: known when traced.
+            for _ in tf.range(iterations):  # A tf.while_loop on the worker.
+              for _ in range(unroll):
+                sums = step_logs.add(sums, train_step(iterator), what)
+          return sums
+        return warm_up.train_or_skip(train, steps)
+      full_closure.__name__ = name  # TF's name for the function, and in logs.
+      return full_closure
 
     def other_closure(train, num_steps, *source):
       def steps():
@@ -79,20 +91,30 @@ class TrainClosures:
         return sums
       return warm_up.train_or_skip(train, steps)
 
-    self._full = tf.function(full_closure)
+    self._full = tf.function(of_full_size(unroll, "full_closure"))
+    # No fast start where the written-out closure is no dearer.
+    self.has_fast_start = min(unroll, full_size) > fast_unroll
+    self._fast = (tf.function(of_full_size(fast_unroll, "fast_closure")) if self.has_fast_start
+                  else self._full)
     self._other = tf.function(other_closure)
     self._train = tf.constant(True)
 
   def schedule(self, coordinator, size: int, written_out: bool, source: tuple[Any, ...]):
-    """Schedules a closure of `size` steps; the written-out one if asked and of full size."""
-    if size == self.full_size and written_out:
-      return coordinator.schedule(self._full, args=(self._train, *source))
+    """Schedules a closure of `size` steps: of full size, written out or fast-start."""
+    if size == self.full_size:
+      function = self._full if written_out else self._fast
+      return coordinator.schedule(function, args=(self._train, *source))
     return coordinator.schedule(self._other,
                                 args=(self._train, tf.constant(size, tf.int32), *source))
 
-  def warm_calls(self) -> list[warm_up.Call]:
-    """Both closures (positioned), called to run no step; traces them (call in scope)."""
+  def warm_calls(self, written_out: bool = True) -> list[warm_up.Call]:
+    """The closures a loop of that kind uses, called to run no step; traces them (in scope).
+
+    Written out: the written-out and the looped closure; else the fast-start one.
+    """
     skip = (tf.constant(False), tf.constant(0, tf.int64), tf.constant(0, tf.int64))
+    if not written_out:
+      return [(self._fast.get_concrete_function(*_SKIP_SPECS), skip)]
     return [(self._full.get_concrete_function(*_SKIP_SPECS), skip),
             (self._other.get_concrete_function(_SKIP_SPECS[0], tf.TensorSpec([], tf.int32),
                                                *_SKIP_SPECS[1:]),
@@ -100,7 +122,7 @@ class TrainClosures:
 
 
 class WarmClosures:
-  """Which closure a loop uses, and workers kept warm once it is written out.
+  """Which closure a loop uses, and workers kept warm for it.
 
   `ready` is set once full-size closures are written out: at once when
   `looped_seconds` is 0, else after the first loop that ends that many
@@ -115,32 +137,38 @@ class WarmClosures:
     self.ready = ready
     self._looped_until = time.monotonic() + looped_seconds
     self._looped_seconds = looped_seconds
-    self._resources = None  # Kept: TF forgets a per-worker resource nobody holds.
+    # The kind of loop the workers are kept warm for (None: not yet), and
+    # the per-worker resources doing it, kept: TF forgets one nobody holds.
+    self._warm_for: bool | None = None
+    self._resources = None
     if looped_seconds <= 0:
       self.ready.set()
     else:
-      logging.info("full-size closures looped for %.0fs (earlier coordinators of this run "
-                   "lived too short to repay writing them out), then written out",
-                   looped_seconds)
+      logging.info("full-size closures %d steps per loop iteration for %.0fs, then "
+                   "written out (closure_plan)", FAST_UNROLL, looped_seconds)
 
   @property
   def workers_kept_warm(self) -> bool:
-    return self._resources is not None
+    """True once workers are kept warm for the written-out closure."""
+    return self._warm_for is True
 
   def before_loop(self, written_out: bool) -> None:
-    """Before the first written-out loop: every worker instantiates both closures first.
+    """Before the first loop of each kind: every worker instantiates its closures first.
 
     As a per-worker resource (`warm_up`), which each worker runs on its own
     thread before its first closure of the loop, and again whenever TF takes
     it back; so the loop's join() also waits for the warm-ups of the workers
-    that are up, and no call of them is left running after it.
+    that are up, and no call of them is left running after it. The
+    resource of the kind before is dropped (TF forgets it).
     """
-    if written_out and self._resources is None:
+    if self._warm_for is not written_out:
       with self._strategy.scope():  # Traced as schedule() would trace them.
-        self._resources = warm_up.warm_workers(self._coordinator, self._closures.warm_calls())
+        self._resources = warm_up.warm_workers(self._coordinator,
+                                               self._closures.warm_calls(written_out))
+      self._warm_for = written_out
 
   def after_loop(self) -> None:
-    """After each loop: write out from the next one once this coordinator has looped long enough."""
+    """After each loop: write out from the next one once this coordinator has lived long enough."""
     if not self.ready.is_set() and time.monotonic() >= self._looped_until:
       logging.info("this coordinator has lived %.0fs: writing out the full-size closures "
                    "(the next loop traces them)", self._looped_seconds)

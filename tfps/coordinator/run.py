@@ -130,7 +130,8 @@ def _looped_seconds(config: CoordinatorConfig) -> float:
   if not config.fast_start:
     return 0.0
   records = progress_log.ProgressLog(config.model_dir).read_new()  # This run's, so far.
-  return closure_plan.looped_seconds(closure_plan.coordinator_lifetimes(records))
+  return closure_plan.looped_seconds(closure_plan.coordinator_lifetimes(records),
+                                     replaced_soon=bool(config.tasks_left_out))
 
 
 def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntime,

@@ -7,22 +7,23 @@ several remote closures of at most `steps_per_closure` steps each (a
 worker is busy, followed by one `join()`. `train_loop_begin`, `train_step`
 and `train_loop_end` are the wrapped trainer's own, unchanged.
 
-Each closure is one of two functions (`coordinator.closures`): the closure
-of `steps_per_closure` steps with its steps written out (no loop with the
-defaults: the cheapest per step, the dearest to trace), and a looped one
-for every other size. The steps and their order are those of a one-step
-loop either way; only their cost differs.
+Each closure is one of three functions (`coordinator.closures`): the
+closure of `steps_per_closure` steps with its steps written out (no loop
+with the defaults: the cheapest per step, the dearest to trace), a
+fast-start closure of the same size with a few steps per loop iteration,
+and a looped one for every other size. The steps and their order are those
+of a one-step loop in each; only their cost differs.
 
     trainer = PSTrainer(MyTrainer(...), runtime, steps_per_closure=50)
 
 (the chief does this for every `StandardTrainer` an experiment returns, so
 an experiment never needs to.)
 
-Looped start and warm workers (`closures.WarmClosures`, positioned input
-only): a coordinator whose run's recent coordinators died soon trains with
-the looped closure for a while before it writes out (`closure_plan`); a
-worker TensorFlow takes back has both closures instantiated before it is
-handed one.
+Fast start and warm workers (`closures.WarmClosures`, positioned input
+only): unless the run's recent coordinators lived long, a coordinator trains
+with the fast-start closure for a while before it writes out
+(`closure_plan`); a worker TensorFlow takes back has the closures in use
+instantiated before it is handed one.
 
 Step logs: a `train_step` may return its step's logs, a dict of scalars
 such as `{"loss": loss}`. They are summed inside the closure (no per-step
@@ -95,9 +96,8 @@ def plan_closures(num_steps: int, steps_per_closure: int, num_workers: int) -> l
 class LoopInput:
   """What one train loop read: its chunks (positioned input) and re-executed steps.
 
-  `looped`: its full-size closures were the looped ones (a looped start,
-  `closure_plan`): a slower loop than the run's fault-free speed
-  (`recovery.goodput`).
+  `looped`: its full-size closures were the fast-start ones (`closure_plan`):
+  a slower loop than the run's fault-free speed (`recovery.goodput`).
   """
 
   chunks: tuple[ledger_lib.Chunk, ...] = ()
@@ -127,7 +127,7 @@ class PSTrainer(orbit.StandardTrainer):
 
     `unroll`: steps per while-loop iteration inside a closure (see the module
     docstring). `looped_seconds`: with positioned input, train with the
-    looped closure this long before writing out the full-size closures
+    fast-start closure this long before writing out the full-size closures
     (`coordinator.closure_plan`; 0: written out from the first loop).
     `global_step`: the step counter `train_step` increments
     (default: the wrapped trainer's `global_step` attribute, if any); after
@@ -247,10 +247,9 @@ class PSTrainer(orbit.StandardTrainer):
       # Written out from the start, without a warm-up (its calls are positioned).
       self.full_closure_ready.set()
     else:
-      looped = self._steps_per_closure > 1 and self._unroll > 1  # Else one closure kind.
       self._warm = closures_lib.WarmClosures(
           closures, strategy, coordinator, ready=self.full_closure_ready,
-          looped_seconds=self._looped_seconds if looped else 0.0)
+          looped_seconds=self._looped_seconds if closures.has_fast_start else 0.0)
 
     def sources(iterator, num_steps: int):
       """(size, closure arguments, chunk) of each closure of the loop, taken as scheduled."""
