@@ -733,7 +733,8 @@ def test_the_chief_log_drops_routine_lines_only():
 
   schedule_warning = ("A `tf.distribute.experimental.ParameterServerStrategy` method is invoked "
                       "without using `ClusterCoordinator.schedule`. If you are not tracing ...")
-  assert kept(schedule_warning)  # It may matter.
+  assert kept(schedule_warning)  # It may matter: once.
+  assert not kept(schedule_warning)  # Then it is every traced step's.
   assert not kept("Starting async checkpoint save on the device: /job:chief/...")
   assert not kept("Sync on async checkpoint saving.")
   assert kept("saved checkpoint to /m/ckpt-200.")

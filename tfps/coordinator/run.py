@@ -78,15 +78,28 @@ class _RoutineLines(py_logging.Filter):
   mean a loop cut short by an interrupt, which the trainer logs itself before
   the chief saves. TensorFlow's asynchronous checkpoint writer says three
   lines per save (started, synced, its counter); Orbit's "saved checkpoint"
-  line stays.
+  line stays. TensorFlow's warning that a strategy method runs outside
+  `ClusterCoordinator.schedule` comes once per traced step (dozens at every
+  coordinator start), also when the trace is schedule()'s own: it is kept
+  once, since a user's own call outside schedule() would say the same.
   """
 
   _DROPPED = ("did not update `global_step`", "Starting async checkpoint save",
               "Sync on ongoing save/restore", "Initializing async checkpoint's save_counter",
               "Sync on async checkpoint saving")
+  _ONCE = ("is invoked without using `ClusterCoordinator.schedule`",)
+
+  def __init__(self):
+    super().__init__()
+    self._seen: set[str] = set()
 
   def filter(self, record: py_logging.LogRecord) -> bool:
     message = str(record.msg)
+    for part in self._ONCE:
+      if part in message:
+        if part in self._seen:
+          return False
+        self._seen.add(part)
     return not any(part in message for part in self._DROPPED)
 
 
