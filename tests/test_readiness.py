@@ -62,3 +62,21 @@ def test_subset_of_tasks(grpc_server):
   dead = f"127.0.0.1:{portpicker.pick_unused_port()}"
   cluster = spec_lib.ClusterSpec.from_dict({"ps": [grpc_server], "worker": [dead]})
   readiness.wait_until_reachable(cluster, 5, tasks=[spec_lib.TaskId(spec_lib.JobType.PS, 0)])
+
+
+def test_a_refusal_ends_a_probe_at_once_a_silent_listener_costs_the_timeout(grpc_server):
+  import socket  # pylint: disable=import-outside-toplevel
+  dead = f"127.0.0.1:{portpicker.pick_unused_port()}"
+  cluster = spec_lib.ClusterSpec.from_dict({"ps": [grpc_server], "worker": [dead]})
+  ps0, worker0 = spec_lib.TaskId(spec_lib.JobType.PS, 0), spec_lib.TaskId(spec_lib.JobType.WORKER, 0)
+  start = time.monotonic()
+  assert readiness.reachable(cluster, [ps0, worker0], timeout=30) == {ps0}
+  assert time.monotonic() - start < 10  # Nothing listens at `dead`: an answer, not a wait.
+  # The kernel accepts the TCP connection, nobody speaks HTTP/2 (a paused server).
+  with socket.socket() as silent:
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    paused = spec_lib.ClusterSpec.from_dict({"ps": [f"127.0.0.1:{silent.getsockname()[1]}"]})
+    start = time.monotonic()
+    assert readiness.reachable(paused, [ps0], timeout=1.0) == set()
+    assert time.monotonic() - start >= 0.9

@@ -9,6 +9,7 @@ Every wait here has a deadline; on timeout the error names the tasks that
 never answered.
 """
 
+import threading
 import time
 from typing import Iterable
 
@@ -43,26 +44,42 @@ _FRESH_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)
 
 
 def reachable(cluster: spec_lib.ClusterSpec, tasks: list[spec_lib.TaskId],
-                   timeout: float) -> set[spec_lib.TaskId]:
-  """Probes `tasks` in parallel; returns those READY within `timeout` s (one round)."""
+              timeout: float) -> set[spec_lib.TaskId]:
+  """Probes `tasks` in parallel; returns those READY within `timeout` s (one round).
+
+  Returns as soon as every task has answered or refused: a task whose
+  connection fails at once (TRANSIENT_FAILURE: nothing listens, the process
+  is gone) is unreachable without waiting out the timeout; only a task that
+  neither answers nor refuses (paused, or cut off) costs the whole timeout.
+  """
   # A channel of its own subchannel pool connects afresh: from the global
   # pool it could pick up a connection a previous probe left open, which
   # stays READY across a partition (dropped packets close nothing).
   channels = {t: grpc.insecure_channel(cluster.address(t), options=_FRESH_CONNECTION)
               for t in tasks}
+  settled: dict[spec_lib.TaskId, bool] = {}
+  changed = threading.Condition()
+
+  def watcher(task):
+    def on_state(state):
+      if state in (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE):
+        with changed:
+          settled.setdefault(task, state == grpc.ChannelConnectivity.READY)
+          changed.notify_all()
+    return on_state
+
+  callbacks = {t: watcher(t) for t in tasks}
   try:
-    futures = {t: grpc.channel_ready_future(c) for t, c in channels.items()}
+    for task, channel in channels.items():
+      channel.subscribe(callbacks[task], try_to_connect=True)
     end = time.monotonic() + timeout
-    ready = set()
-    for task, future in futures.items():
-      try:
-        future.result(timeout=max(0.0, end - time.monotonic()))
-        ready.add(task)
-      except grpc.FutureTimeoutError:
-        future.cancel()
-    return ready
+    with changed:
+      while len(settled) < len(channels) and (left := end - time.monotonic()) > 0:
+        changed.wait(left)
+      return {task for task, ready in settled.items() if ready}
   finally:
-    for channel in channels.values():
+    for task, channel in channels.items():
+      channel.unsubscribe(callbacks[task])
       channel.close()
 
 
@@ -85,10 +102,13 @@ def wait_until_reachable(cluster: spec_lib.ClusterSpec, deadline: float, *,
   backoff = tenacity.wait_exponential(multiplier=_PROBE_MIN_SECONDS, max=_PROBE_MAX_SECONDS)
 
   def probe_round(retry_state: tenacity.RetryCallState) -> None:
-    remaining = deadline - (time.monotonic() - start)
+    round_start = time.monotonic()
+    remaining = deadline - (round_start - start)
     budget = max(0.05, min(backoff(retry_state), remaining))
     pending.difference_update(reachable(cluster, sorted(pending), budget))
     if pending:
+      # A refusal ends a probe at once; the next round still waits its turn.
+      time.sleep(max(0.0, budget - (time.monotonic() - round_start)))
       raise _StillPending()
 
   retrying = tenacity.Retrying(
