@@ -205,7 +205,7 @@ def test_worker_that_never_returns_is_left_out_then_taken_back(run):
   worker.wait(timeout=10)
   gone = lambda: [e for e in run.events() if e.failure == policy.FailureKind.WORKER_GONE.value]
   processes.wait_until(lambda: gone(), timeout=WORKER_TIMEOUT + 30,
-                       what="the worker watch to leave worker:1 out")
+                       what="the task watch to leave worker:1 out")
   assert gone()[-1].task == "worker:1"
   processes.wait_until(lambda: len(run.restores) > restores, timeout=60,
                        what="the coordinator to restart without worker:1")

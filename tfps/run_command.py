@@ -35,7 +35,7 @@ from tfps.base import signals
 from tfps import run_result
 from tfps import run_spec
 
-# One round of probing the ps and workers (worker watch, ps deadline).
+# One round of probing the ps and workers (task watch, ps deadline).
 _PROBE_SECONDS = 1.0
 # The supervisor's ps deadline is the coordinator's (--ps_timeout) plus this:
 # the coordinator, which notices within --ps_timeout plus one of its probe

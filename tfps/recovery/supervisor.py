@@ -115,7 +115,7 @@ class SupervisorConfig:
       past it the supervisor exits 170 (retryable).
     stop_grace_seconds: how long the coordinator gets to save and exit after
       a passed-on SIGTERM before it is killed.
-    probe_seconds: how often the ps and workers are probed (worker watch,
+    probe_seconds: how often the ps and workers are probed (task watch,
       ps deadline).
     ps_deadline_seconds: seconds a ps may stay silent, as the supervisor sees
       it, while the coordinator runs; past it the supervisor ends the
@@ -258,7 +258,7 @@ class Supervisor:
   def _wait(self, process: subprocess.Popen) -> _Ended:
     """Waits for the coordinator to exit; says how it ended (`_Ended`).
 
-    Passes a stop signal on once. When the worker watch asks for a change of
+    Passes a stop signal on once. When the task watch asks for a change of
     cluster, asks the coordinator to save and stop (SIGTERM) and returns the
     change once it has exited. A coordinator still running past the ps
     deadline is killed (`_end_overdue`).
@@ -321,7 +321,7 @@ class Supervisor:
         "own ps deadline): killed it, its thread stacks are in the chief's log"))
 
   def _watched_change(self, reachable: set, now: float):
-    """The first cluster change the worker watch asks for, applied to `excluded`."""
+    """The first cluster change the task watch asks for, applied to `excluded`."""
     if self._watch is None:
       return None
     for what, worker in self._watch.update(reachable, self.excluded, now):

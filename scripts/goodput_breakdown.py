@@ -1,0 +1,73 @@
+"""Where a faulty run's time went, from its progress log: the goodput's lost time, by part.
+
+  python scripts/goodput_breakdown.py /tmp/soak/run-*/model
+
+For each model_dir (a `tfps chaos` or soak run), and summed over all of
+them: the wall time and what the kept steps would have taken at the run's
+full speed (`recovery.goodput`), and the difference split into
+
+* between coordinators: from the last loop before a coordinator start to
+  that start's `restored` record (the fault, waiting, the new process,
+  connecting, building, restoring);
+* first loops: from each `restored` record to the coordinator's first loop,
+  less that loop's steps at full speed (tracing and instantiating);
+* fast-start loops: loops marked `looped`, less their steps at full speed;
+* rolled back: steps a restore took back, at full speed;
+* the rest: worker faults, pauses, loops slower than the median.
+"""
+
+import sys
+
+from tfps.recovery import goodput as goodput_lib
+from tfps.recovery import progress_log
+
+PARTS = ("between coordinators", "first loops", "fast-start loops", "rolled back", "the rest")
+
+
+def breakdown(records: list[progress_log.Progress]) -> dict[str, float]:
+  """Seconds per part of one run's lost time, plus `wall` and `lost`."""
+  measured = goodput_lib.measure(records)
+  speed = measured.fault_free_steps_per_sec
+  parts = dict.fromkeys(PARTS, 0.0)
+  previous = None
+  first_after_restore = False
+  for record in records:
+    if previous is None:
+      previous, first_after_restore = record, record.restored
+      continue
+    seconds = record.time - previous.time
+    if record.restored:
+      if not previous.restored:
+        parts["between coordinators"] += seconds
+      parts["rolled back"] += max(0, previous.step - record.step) / speed
+      first_after_restore = True
+    elif first_after_restore:
+      parts["first loops"] += seconds - (record.step - previous.step) / speed
+      first_after_restore = False
+    elif record.looped:
+      parts["fast-start loops"] += seconds - (record.step - previous.step) / speed
+    previous = record
+  lost = measured.wall_seconds - measured.kept_steps / speed
+  parts["the rest"] = lost - sum(parts.values())
+  return {**parts, "wall": measured.wall_seconds, "lost": lost}
+
+
+def main(model_dirs: list[str]) -> int:
+  if not model_dirs:
+    print(__doc__, file=sys.stderr)
+    return 2
+  total = dict.fromkeys((*PARTS, "wall", "lost"), 0.0)
+  for model_dir in model_dirs:
+    parts = breakdown(progress_log.ProgressLog(model_dir).read_new())
+    for key, value in parts.items():
+      total[key] += value
+    print(f"{model_dir}: wall {parts['wall']:.0f} s, lost {parts['lost']:.0f} s")
+  print(f"all: wall {total['wall']:.0f} s, lost {total['lost']:.0f} s "
+        f"(goodput {1 - total['lost'] / total['wall']:.1%})")
+  for part in PARTS:
+    print(f"  {part:22s} {total[part]:7.0f} s  {total[part] / total['lost']:6.1%}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
