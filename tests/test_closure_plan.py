@@ -3,6 +3,7 @@
 import pytest
 
 from tfps.coordinator import closure_plan
+from tfps.recovery import events as events_lib
 from tfps.recovery import progress_log
 
 COSTS = closure_plan.SwitchCosts(write_out_seconds=8.0, looped_speed=0.75)  # Break-even 32 s.
@@ -23,6 +24,47 @@ def test_lifetimes_run_from_each_restore_to_its_last_loop():
 def test_loops_before_any_restore_are_ignored():
   assert closure_plan.coordinator_lifetimes(_records((5, False), (9, True), (12, False))) == [3]
   assert closure_plan.coordinator_lifetimes([]) == []
+
+
+def test_a_restart_that_takes_a_task_back_continues_the_life_before_it():
+  records = _records((100, True), (130, False),   # Failover coordinator: 30 s,
+                     (140, True), (160, False),   # restarted at 135 to take the ps back: +20 s.
+                     (170, True), (175, False))   # A fault's restart: a new life.
+  assert closure_plan.coordinator_lifetimes(records, continued=[135]) == [50, 5]
+  assert closure_plan.coordinator_lifetimes(records) == [30, 20, 5]
+
+
+def test_a_planned_restart_before_the_last_loop_ends_nothing():
+  records = _records((100, True), (130, False), (140, True), (160, False))
+  assert closure_plan.coordinator_lifetimes(records, continued=[120]) == [30, 20]
+
+
+def _back(at):
+  return events_lib.Event(kind="recovered", task="ps:1", task_change="back",
+                          tasks_left_out=(), time=at)
+
+
+def test_planned_restarts_are_those_taking_a_task_back():
+  gone = events_lib.Event(kind="recovered", task="worker:1", task_change="gone",
+                          tasks_left_out=("worker:1",), time=5)
+  failure = events_lib.Event(kind="failure", task="chief:0", failure="ps_lost", time=6)
+  assert closure_plan.planned_restarts([gone, failure, _back(7)]) == [7]
+
+
+def test_a_coordinator_taking_a_task_back_writes_out_if_the_life_it_continues_has_long_to_go():
+  history = _records((0, True), (300, False),      # 300 s, ended by a fault.
+                     (310, True), (320, False))    # The failover coordinator: 10 s so far.
+  assert closure_plan.plan(history, [_back(325)], COSTS) == 0.0  # 300 - 10 >= 32.
+  # A failover coordinator itself rents, whatever the history.
+  assert closure_plan.plan(history[:2], [], COSTS, replaced_soon=True) == 32.0
+
+
+def test_a_coordinator_taking_a_task_back_rents_if_the_life_it_continues_is_near_its_end():
+  history = _records((0, True), (60, False),       # 60 s, ended by a fault.
+                     (70, True), (110, False))     # The failover coordinator: 40 s so far.
+  assert closure_plan.plan(history, [_back(115)], COSTS) == 32.0  # 60 - 40 < 32.
+  # Without the planned restart, the 40 s would be a life of its own (median 50 >= 32).
+  assert closure_plan.plan(history, [], COSTS) == 0.0
 
 
 def test_a_run_s_first_coordinator_rents_until_the_break_even():

@@ -19,15 +19,23 @@ where the run's recent coordinators say the future:
   has lived the break-even time after all. A coordinator that dies before
   then never paid the price.
 
+A restart that takes a task back (a `back` task change in the event log)
+ends no life: it follows a fault's failover by the supervisor's choice, so
+the coordinator it starts continues its predecessor's life. Counting the
+short-lived failover coordinators as lives would make every run that
+fails over look short-lived.
+
 Pure functions of the progress records (`recovery.progress_log`); the
 costs are measured ones (docs/recovery.md "Fast start").
 """
 
 import dataclasses
 import statistics
-from typing import Sequence
+from typing import Iterable, Sequence
 
+from tfps.recovery import events as events_lib
 from tfps.recovery import progress_log
+from tfps.recovery import task_watch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,37 +67,71 @@ MEASURED = SwitchCosts()
 RECENT = 5
 
 
-def coordinator_lifetimes(records: Sequence[progress_log.Progress]) -> list[float]:
+def coordinator_lifetimes(records: Sequence[progress_log.Progress],
+                          continued: Iterable[float] = ()) -> list[float]:
   """Seconds each coordinator of the run trained: from its restore to its last loop.
 
   A coordinator starts with a `restored` record; one that ended before its
   first loop lived 0 s. Loops before any restore record are ignored.
+  `continued`: times of restarts that end no life. A coordinator restored
+  after one (and after its predecessor's last record) adds the seconds it
+  trains to its predecessor's life instead of starting its own.
   """
+  continued = sorted(continued)
   lifetimes: list[float] = []
   start = last = None
   for record in records:
     if record.restored:
       if start is not None:
-        lifetimes.append(max(0.0, last - start))
+        lifetimes[-1] += max(0.0, last - start)
+      if not (start is not None and _restarted_between(continued, last, record.time)):
+        lifetimes.append(0.0)
       start = last = record.time
     elif start is not None:
       last = record.time
   if start is not None:
-    lifetimes.append(max(0.0, last - start))
+    lifetimes[-1] += max(0.0, last - start)
   return lifetimes
 
 
+def _restarted_between(times: Sequence[float], after: float, until: float) -> bool:
+  return any(after < t <= until for t in times)
+
+
+def planned_restarts(events: Iterable[events_lib.Event]) -> list[float]:
+  """Times of the run's restarts that end no coordinator's life: those taking a task back."""
+  return [e.time for e in events if e.task_change == task_watch.Change.BACK.value]
+
+
 def looped_seconds(earlier_lifetimes: Sequence[float], costs: SwitchCosts = MEASURED, *,
-                   replaced_soon: bool = False) -> float:
+                   replaced_soon: bool = False, lived: float = 0.0) -> float:
   """Seconds a new coordinator trains with the fast start before it writes out (0: at once).
 
   `earlier_lifetimes`: the run's earlier coordinators, oldest first.
   `replaced_soon`: this coordinator is expected to be replaced whatever the
   history says (it runs without tasks the supervisor will take back).
+  `lived`: seconds of the life this coordinator continues (its predecessors'
+  since the last fault), not in `earlier_lifetimes`.
   """
   if not earlier_lifetimes or replaced_soon:
     return costs.break_even_seconds
-  expected = statistics.median(earlier_lifetimes[-RECENT:])
+  expected = statistics.median(earlier_lifetimes[-RECENT:]) - lived
   if expected >= costs.break_even_seconds:
     return 0.0
   return costs.break_even_seconds
+
+
+def plan(records: Sequence[progress_log.Progress], events: Iterable[events_lib.Event],
+         costs: SwitchCosts = MEASURED, *, replaced_soon: bool = False) -> float:
+  """`looped_seconds` for a coordinator starting now, from the run's logs so far.
+
+  `records` and `events` are the run's progress records and events before
+  this coordinator's restore.
+  """
+  restarts = planned_restarts(events)
+  lifetimes = coordinator_lifetimes(records, restarts)
+  last = max((r.time for r in records), default=None)
+  lived = 0.0
+  if lifetimes and last is not None and _restarted_between(restarts, last, float("inf")):
+    lived = lifetimes.pop()  # This coordinator continues the last life.
+  return looped_seconds(lifetimes, costs, replaced_soon=replaced_soon, lived=lived)

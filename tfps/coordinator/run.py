@@ -54,6 +54,7 @@ from tfps.coordinator import trainer as trainer_lib
 from tfps.recovery import notices
 from tfps.base import errors
 from tfps.recovery import interrupts as interrupts_lib
+from tfps.recovery import events as events_lib
 from tfps.recovery import progress_log
 
 
@@ -143,8 +144,8 @@ def _looped_seconds(config: CoordinatorConfig) -> float:
   if not config.fast_start:
     return 0.0
   records = progress_log.ProgressLog(config.model_dir).read_new()  # This run's, so far.
-  return closure_plan.looped_seconds(closure_plan.coordinator_lifetimes(records),
-                                     replaced_soon=bool(config.tasks_left_out))
+  return closure_plan.plan(records, events_lib.EventLog(config.model_dir).read(),
+                           replaced_soon=bool(config.tasks_left_out))
 
 
 def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntime,
