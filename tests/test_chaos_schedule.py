@@ -174,6 +174,32 @@ def test_tracker_does_not_count_an_earlier_faults_lost_steps_again():
   assert ps.recovered and chief.recovered
 
 
+def test_a_kill_of_a_ps_the_coordinator_runs_without_needs_no_restore(tmp_path):
+  from tfps.recovery import progress_log
+  log = progress_log.ProgressLog(str(tmp_path))  # The restore record says what was left out.
+  log.append(1000, restored=True, now=10.0, left_out=("ps:1",))
+  log.append(1200, now=11.0)
+  tracker = chaos.RecoveryTracker()
+  tracker.observe(log.read_new())
+  tracker.injected(chaos.parse_faults("ps:1@20:kill+3", CLUSTER)[0], wall_time=11.5,
+                   since_start=20.0)
+  tracker.observe([_record(1400, 12.0)])  # Training went on: recovered, nothing lost.
+  (left_out,) = tracker.outcomes()
+  assert (left_out.seconds_to_recover, left_out.steps_lost) == (0.5, 0)
+  # ps:0 holds the coordinator's variables: its loss needs a new coordinator.
+  tracker.injected(chaos.parse_faults("ps:0@30:kill+3", CLUSTER)[0], wall_time=12.5,
+                   since_start=30.0)
+  tracker.observe([_record(1600, 13.0)])
+  assert not tracker.outcomes()[1].recovered
+  tracker.observe([_record(1400, 20.0, restored=True), _record(1600, 21.0)])
+  assert tracker.outcomes()[1].seconds_to_recover == 8.5
+  # That coordinator (a restore record without left_out) runs on ps:1 again.
+  tracker.injected(chaos.parse_faults("ps:1@40:kill+3", CLUSTER)[0], wall_time=22.0,
+                   since_start=40.0)
+  tracker.observe([_record(1800, 23.0)])
+  assert not tracker.outcomes()[2].recovered
+
+
 def test_tracker_fault_never_followed_by_progress_is_not_recovered():
   tracker = chaos.RecoveryTracker()
   fault = chaos.parse_faults("chief:0@5:kill+2", CLUSTER)[0]

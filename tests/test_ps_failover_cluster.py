@@ -68,6 +68,7 @@ def test_a_lost_ps_is_not_waited_for_and_is_taken_back_with_no_example_lost(clus
     # Training goes on while ps:1 is still down: restored on ps:0 alone.
     restored = run.wait_for_restart_and_progress(records, timeout=180)
     assert not lost.alive
+    assert restored.left_out == ("ps:1",)  # Said in its restore record (tfps chaos reads it).
     actions = [e for e in run.events() if e.kind == "action"]
     assert actions[-1].action == policy.Action.RESTART_WITHOUT_TASK.value
     assert "ps:1 does not answer" in actions[-1].detail
@@ -80,7 +81,7 @@ def test_a_lost_ps_is_not_waited_for_and_is_taken_back_with_no_example_lost(clus
     run.wait_for(lambda: any(e.task == "ps:1" and e.task_change == "back"
                              for e in run.events()), timeout=120, what="ps:1 taken back")
     back = run.wait_for_restart_and_progress(records, timeout=180)
-    assert back.step >= restored.step
+    assert back.step >= restored.step and back.left_out == ()
     assert run.log().count("connected to 2 ps") >= 2
 
     # The ground truth: every example of every completed epoch trained on once.

@@ -48,12 +48,14 @@ class LoopGuard:
   def __init__(self, *, interrupts: interrupts_lib.Interrupts,
                manager: checkpoints.Manager, global_step: tf.Variable,
                cluster: spec_lib.ClusterSpec, model_dir: str,
-               sentinels: ps_state.PsSentinels | None = None):
+               sentinels: ps_state.PsSentinels | None = None,
+               left_out: tuple[str, ...] = ()):
     self._interrupts = interrupts
     self._sentinels = sentinels
     self._manager = manager
     self._global_step = global_step
     self._cluster = cluster
+    self._left_out = tuple(left_out)  # Tasks the supervisor left out (progress records).
     self._progress = progress_lib.ProgressLog(model_dir)
     self._events = events_lib.EventLog(model_dir)
     self._epochs_logged = 0  # Set from the restored ledger (account_restore).
@@ -70,7 +72,8 @@ class LoopGuard:
     """
     self._epochs_logged = epochs_completed
     previous = [r for r in self._progress.read_new() if not r.restored]
-    self._progress.append(start_step, restored=True, shard_lengths=shard_lengths)
+    self._progress.append(start_step, restored=True, shard_lengths=shard_lengths,
+                          left_out=self._left_out)
     lost = max(0, previous[-1].step - start_step) if previous else 0
     if lost:
       logging.warning("restarted at step %d; the previous coordinator had reached %d: "

@@ -345,7 +345,8 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
     sentinels = ps_state.PsSentinels(runtime.cluster)
   guard = loop_guard.LoopGuard(interrupts=interrupts, manager=manager,
                                global_step=global_step, cluster=runtime.cluster,
-                               model_dir=config.model_dir, sentinels=sentinels)
+                               model_dir=config.model_dir, sentinels=sentinels,
+                               left_out=config.tasks_left_out)
   measured = None
   if trainer is not None:
     measured = progress.MeasuredTrainer(

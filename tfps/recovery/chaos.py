@@ -240,7 +240,8 @@ class RecoveryTracker:
   the steps lost). A fault that takes the coordinator down (a ps or the
   chief killed or preempted) is recovered only by a loop after the
   new coordinator's restore, so loops still finishing while a preempted task
-  saves are not mistaken for recovery.
+  saves are not mistaken for recovery; a ps the running coordinator was
+  started without (its restore record says so) takes nothing down.
 
   First progress can understate what a fault cost: a loop whose closures were
   already done may end just after a worker is cut, and the *next* loop then
@@ -254,13 +255,17 @@ class RecoveryTracker:
   def __init__(self):
     self._faults: list[_InFlight] = []
     self._last_step = 0
+    self._left_out: tuple[str, ...] = ()  # The running coordinator's (its restore record).
 
   def injected(self, fault: Fault, *, wall_time: float, since_start: float) -> None:
     # A cut, like a stop, may heal without a new coordinator: one shorter than
     # the ps deadline is bridged by TCP (measured, docs/partitions.md). Its
     # loops cannot end while the link is down, so any later loop is progress.
+    # A ps the running coordinator was started without (ps failover) takes
+    # nothing down with it: training goes on, as for a worker.
     needs_restore = (fault.target.job != spec_lib.JobType.WORKER
-                     and fault.action not in (FaultAction.STOP, FaultAction.CUT))
+                     and fault.action not in (FaultAction.STOP, FaultAction.CUT)
+                     and str(fault.target) not in self._left_out)
     for f in self._faults:  # A new fault ends the earlier ones' stall windows.
       if f.window_open:
         f.longest_stall = max(f.longest_stall, wall_time - f.last_loop_end)
@@ -287,6 +292,8 @@ class RecoveryTracker:
       # After a restore, training stands at the restored step: a later
       # fault must not count the steps an earlier one lost again.
       self._last_step = record.step
+      if record.restored:
+        self._left_out = record.left_out
 
   @property
   def all_recovered(self) -> bool:

@@ -39,6 +39,9 @@ class Progress:
   # The loop ran the looped closure (a coordinator's fast start): slower than
   # the run's fault-free speed, so not counted in it (recovery.goodput).
   looped: bool = False
+  # On a `restored` record: the workers and ps this coordinator runs without
+  # (the supervisor left them out): a fault on one of them does not touch it.
+  left_out: tuple[str, ...] = ()
 
 
 class ProgressLog:
@@ -48,7 +51,7 @@ class ProgressLog:
 
   def append(self, step: int, *, restored: bool = False, now: float | None = None,
              chunks=None, reexecuted: int = 0, shard_lengths=None,
-             looped: bool = False) -> None:
+             looped: bool = False, left_out=()) -> None:
     record = {"step": int(step), "time": time.time() if now is None else now}
     if restored:
       record["restored"] = True
@@ -60,6 +63,8 @@ class ProgressLog:
       record["shard_lengths"] = [int(n) for n in shard_lengths]
     if looped:
       record["looped"] = True
+    if left_out:
+      record["left_out"] = sorted(map(str, left_out))
     with open(self.path, "a", encoding="utf-8") as f:
       f.write(json.dumps(record) + "\n")
 
@@ -80,6 +85,8 @@ class ProgressLog:
 
 
 def _record(fields: dict) -> Progress:
+  if fields.get("left_out") is not None:
+    fields["left_out"] = tuple(fields["left_out"])
   for name in ("chunks", "shard_lengths"):
     if fields.get(name) is not None:
       fields[name] = tuple(tuple(v) if isinstance(v, list) else v for v in fields[name])
