@@ -25,8 +25,8 @@ the coordinator it starts continues its predecessor's life. Counting the
 short-lived failover coordinators as lives would make every run that
 fails over look short-lived.
 
-Pure functions of the progress records (`recovery.progress_log`); the
-costs are measured ones (docs/recovery.md "Fast start").
+Pure functions of the progress records (`recovery.progress_log`) and the
+event log (`recovery.events`); the costs are measured ones (docs/recovery.md "Fast start").
 """
 
 import dataclasses
@@ -77,7 +77,7 @@ def coordinator_lifetimes(records: Sequence[progress_log.Progress],
   after one (and after its predecessor's last record) adds the seconds it
   trains to its predecessor's life instead of starting its own.
   """
-  continued = sorted(continued)
+  continued = list(continued)
   lifetimes: list[float] = []
   start = last = None
   for record in records:
@@ -130,8 +130,7 @@ def plan(records: Sequence[progress_log.Progress], events: Iterable[events_lib.E
   """
   restarts = planned_restarts(events)
   lifetimes = coordinator_lifetimes(records, restarts)
-  last = max((r.time for r in records), default=None)
   lived = 0.0
-  if lifetimes and last is not None and _restarted_between(restarts, last, float("inf")):
+  if lifetimes and _restarted_between(restarts, records[-1].time, float("inf")):
     lived = lifetimes.pop()  # This coordinator continues the last life.
   return looped_seconds(lifetimes, costs, replaced_soon=replaced_soon, lived=lived)

@@ -85,9 +85,7 @@ class ProgressLog:
 
 
 def _record(fields: dict) -> Progress:
-  if fields.get("left_out") is not None:
-    fields["left_out"] = tuple(fields["left_out"])
-  for name in ("chunks", "shard_lengths"):
+  for name in ("chunks", "shard_lengths", "left_out"):
     if fields.get(name) is not None:
       fields[name] = tuple(tuple(v) if isinstance(v, list) else v for v in fields[name])
   return Progress(**fields)
