@@ -54,7 +54,9 @@ def test_a_lost_ps_is_not_waited_for_and_is_taken_back_with_no_example_lost(clus
       f"--steps_per_closure={cluster_helpers.STEPS_PER_CLOSURE}",
       f"--checkpoint_interval={cluster_helpers.CHECKPOINT_INTERVAL}",
       f"--global_batch_size={BATCH}", f"--min_shard_bytes={MIN_SHARD_BYTES}",
-      "--ps_readmit_after=3"])
+      # Timed: as fast without ps:1, the measured rule would keep it out
+      # (recovery.readmission, tested without a cluster in test_readmission).
+      "--ps_readmit=timed", "--ps_readmit_after=3"])
   try:
     run.chief.start()
     # Past a checkpoint of trained counts, split over both ps.

@@ -34,7 +34,7 @@ EVERY_SETTING = {
     "min_shard_bytes": "1234", "ps_timeout": "66.5", "max_restarts": "5",
     "restart_window": "333", "cluster_wait_seconds": "444", "worker_timeout": "55",
     "grace_seconds": "21", "warm_standby": "false", "ps_failover": "false",
-    "ps_readmit_after": "12.5", "exclude_tasks": "worker:1",
+    "ps_readmit": "timed", "ps_readmit_after": "12.5", "exclude_tasks": "worker:1",
 }
 STEPS_OR_EPOCHS = ({"train_steps": "777"}, {"train_epochs": "2"})
 

@@ -40,8 +40,9 @@ class Harness:
   counts cluster waits; every probe answers `up`."""
 
   def __init__(self, plan, cluster_up=True, trained=lambda: False, idle=lambda: None,
-               up=frozenset(), ps_addresses=None):
+               up=frozenset(), ps_addresses=None, ps_back_due=lambda: True):
     self.plan = list(plan)
+    self.ps_back_due = ps_back_due
     self.cluster_up = cluster_up
     self.started = []
     self.cluster_waits = 0
@@ -291,7 +292,9 @@ def test_worker_gone_then_back_restarts_the_coordinator_without_then_with_it(tmp
   assert harness.cluster_waits == 0
 
 
-def test_ps_failover_restarts_at_once_without_the_lost_ps_and_takes_it_back(tmp_path):
+@pytest.mark.parametrize("due_from_probe", [0, 20])
+def test_ps_failover_restarts_at_once_without_the_lost_ps_and_takes_it_back(
+    tmp_path, due_from_probe):
   from tfps.cluster import spec as spec_lib
   from tfps.recovery import task_watch
   p0, p1 = (spec_lib.TaskId(spec_lib.JobType.PS, i) for i in range(2))
@@ -307,19 +310,27 @@ def test_ps_failover_restarts_at_once_without_the_lost_ps_and_takes_it_back(tmp_
     return {p0, p1, w0} if len(exclusions) != 1 and (len(exclusions) != 2 or back) \
         else {p1, w0}
 
-  harness = Harness([170, "wait", 0], up=probe,
+  due_calls = []
+
+  def ps_back_due():  # The launcher's judgement (recovery.readmission).
+    due_calls.append(probes.count(2))
+    return probes.count(2) >= due_from_probe
+
+  harness = Harness([170, "wait", 0], up=probe, ps_back_due=ps_back_due,
                     ps_addresses={p0: "10.0.0.2:2222", p1: "10.0.0.3:2222"})
   start_planned = harness.start
   wait_planned = harness.wait_until_reachable
 
   def start(attempt, excluded):
     exclusions.append(set(excluded))
+    started_at.append(probes.count(2))
     return start_planned(attempt)
 
   def wait_until_reachable(seconds, excluded):
     waited_for.append(set(excluded))
     return wait_planned(seconds, excluded)
 
+  started_at = []
   harness.start, harness.wait_until_reachable = start, wait_until_reachable
   ticks = iter(range(10_000))
   result, log = supervise(
@@ -339,6 +350,10 @@ def test_ps_failover_restarts_at_once_without_the_lost_ps_and_takes_it_back(tmp_
   assert [(e.task, e.task_change, e.tasks_left_out) for e in entries
           if e.task_change is not None] == [("ps:0", "back", ())]
   assert events.summarize(entries)["restarts"] == 1
+  # Asked only while a ps is left out; taken back once it has answered for
+  # ps_readmit_after (4 probes after it answers again at probe 9) and is due.
+  assert due_calls and all(n > 0 for n in due_calls)
+  assert started_at[2] == max(13, due_from_probe)
 
 
 def test_a_launcher_is_closed_even_when_starting_a_coordinator_raises(tmp_path):

@@ -81,3 +81,14 @@ def test_an_excluded_ps_is_back_after_answering_for_its_own_time_and_never_gone(
   # A ps in the coordinator's cluster that stops answering is the coordinator's to notice.
   assert w.update(everyone - {P[1]}, set(), now=132) == []
   assert w.update(everyone - {P[1]}, set(), now=200) == []
+
+
+def test_an_excluded_ps_waits_for_its_readmission_to_be_due_and_workers_do_not():
+  w = task_watch.TaskWatch(W, task_watch.TaskWatchConfig(
+      timeout=10.0, readmit_after=3.0, ps_readmit_after=5.0), ps=P)
+  everyone = {*W, *P}
+  assert w.update(everyone, {P[0], W[1]}, now=0, ps_back_due=False) == []
+  # Both have answered long enough: the worker comes back, the ps waits.
+  assert w.update(everyone, {P[0], W[1]}, now=10, ps_back_due=False) == [(BACK, W[1])]
+  assert w.update(everyone, {P[0]}, now=60, ps_back_due=False) == []
+  assert w.update(everyone, {P[0]}, now=61, ps_back_due=True) == [(BACK, P[0])]

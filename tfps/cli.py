@@ -82,11 +82,16 @@ flags.DEFINE_bool("warm_standby", True,
 flags.DEFINE_bool("ps_failover", True,
                   "chief: when a ps is lost and does not answer, restart at once on the ps "
                   "that do (they then hold every variable: they need the memory) instead "
-                  "of waiting for it; take it back once it has answered for "
-                  "--ps_readmit_after seconds, or at the next restart.")
+                  "of waiting for it; take it back as --ps_readmit says, or at the next "
+                  "restart.")
+flags.DEFINE_enum("ps_readmit", "measured", ["measured", "timed"],
+                  "chief: when to restart the coordinator (after a save) to take back a ps "
+                  "left out by --ps_failover that answers again. measured: once training "
+                  "without it has lost as much time as the restart costs (~8 s), by the "
+                  "speed measured with and without it; timed: after --ps_readmit_after.")
 flags.DEFINE_float("ps_readmit_after", 30.0,
-                   "chief: seconds a ps left out by --ps_failover must answer before the "
-                   "coordinator is restarted (after a save) to take it back.")
+                   "chief: seconds a ps left out by --ps_failover must answer before it is "
+                   "taken back (with --ps_readmit=measured: before it may be).")
 flags.DEFINE_list("exclude_tasks", [],
                   "chief, internal: workers and ps the supervisor left out (e.g. worker:1).")
 flags.DEFINE_float("ready_timeout", 180.0, "Seconds the chief waits for every task to answer.")

@@ -26,6 +26,7 @@ from tfps.recovery import exit_report
 from tfps.recovery import interrupts
 from tfps.recovery import policy
 from tfps.recovery import progress_log
+from tfps.recovery import readmission
 from tfps.recovery import standby
 from tfps.recovery import supervisor
 from tfps.recovery import task_watch
@@ -189,6 +190,7 @@ class _CoordinatorLauncher:
     self._spec, self._scratch = spec, scratch
     self._spec_files = itertools.count(1)
     self._progress = progress_log.ProgressLog(spec.model_dir)
+    self._records: list[progress_log.Progress] = []  # The run's, read so far.
     self._trained = False
     self._coordinators = standby.WarmCoordinators(
         self._command,
@@ -203,18 +205,29 @@ class _CoordinatorLauncher:
             f"--result_file={self.result_path}"]
 
   def start(self, attempt: int, excluded: frozenset) -> subprocess.Popen:
-    self._progress.read_new()  # Only what the new coordinator does counts.
-    self._trained = False
+    self._read()
+    self._trained = False  # Only what the new coordinator does counts.
     process, warm = self._coordinators.start([str(t) for t in excluded])
     logging.info("starting coordinator (attempt %d%s)%s", attempt + 1,
                  ", warm standby" if warm else "",
                  f" without {', '.join(sorted(map(str, excluded)))}" if excluded else "")
     return process
 
+  def _read(self) -> list[progress_log.Progress]:
+    new = self._progress.read_new()
+    self._records.extend(new)
+    return new
+
   def trained(self) -> bool:
     if not self._trained:
-      self._trained = any(not record.restored for record in self._progress.read_new())
+      self._trained = any(not record.restored for record in self._read())
     return self._trained
+
+  def ps_back_due(self) -> bool:
+    if self._spec.ps_readmit == readmission.Readmit.TIMED:
+      return True
+    self._read()
+    return readmission.due(self._records)
 
   def idle(self) -> None:
     if self.trained():  # Only once this one trains: never slow down a start.

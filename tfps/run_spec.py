@@ -23,6 +23,7 @@ from typing import Any, Mapping
 from tfps.base import errors
 from tfps.cluster import spec as spec_lib
 from tfps.coordinator import api
+from tfps.recovery import readmission
 
 # Flag default of --train_steps (when --train_epochs is not given).
 DEFAULT_TRAIN_STEPS = 2000
@@ -40,8 +41,8 @@ class RunSpec:
     split), ps_timeout (0: no deadline): the coordinator's (`CoordinatorConfig`).
       Exactly one of train_steps and train_epochs is set.
     max_restarts, restart_window, cluster_wait_seconds, worker_timeout,
-    grace_seconds, warm_standby, ps_failover, ps_readmit_after: the chief's
-      supervisor.
+    grace_seconds, warm_standby, ps_failover, ps_readmit, ps_readmit_after:
+      the chief's supervisor.
     exclude_tasks: workers and ps the supervisor leaves out of a
       coordinator's cluster (`worker:1`, `ps:0`); set by the supervisor, not
       by users.
@@ -75,6 +76,7 @@ class RunSpec:
   grace_seconds: float = 15.0
   warm_standby: bool = True
   ps_failover: bool = True
+  ps_readmit: str = "measured"
   ps_readmit_after: float = 30.0
   exclude_tasks: tuple[str, ...] = ()
 
@@ -106,6 +108,9 @@ class RunSpec:
       if not (_is_number(value) and value < float("inf")
               and (value > 0 if lowest == "positive" else value >= 0)):
         raise errors.UsageError(f"{name} ({value!r}) must be {lowest}")
+    if self.ps_readmit not in {r.value for r in readmission.Readmit}:
+      allowed = ", ".join(r.value for r in readmission.Readmit)
+      raise errors.UsageError(f"ps_readmit ({self.ps_readmit!r}) must be one of {allowed}")
     for name in ("warm_standby", "fast_start", "async_checkpoint", "ps_failover"):
       if not isinstance(getattr(self, name), bool):
         raise errors.UsageError(f"{name} ({getattr(self, name)!r}) must be true or false")

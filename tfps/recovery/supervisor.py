@@ -17,7 +17,9 @@ exit code (set by exception *type*, see `errors`), asks the pure
 
 With ps failover (`policy.RestartPolicy.ps_failover`), a restart does not
 wait for a ps that does not answer when it is decided: the new coordinator
-runs on the ps that do, and the one left out is taken back later.
+runs on the ps that do, and the one left out is taken back later: once
+running without it has cost as much as the restart that takes it back
+(`readmission`), or at the next restart, whichever comes first.
 
 It also watches the workers and ps (`task_watch`): a worker unreachable for
 longer than the timeout is left out (the coordinator is asked to save and
@@ -79,6 +81,10 @@ class CoordinatorLauncher(Protocol):
   def idle(self) -> None:
     """Called every poll while a coordinator runs and is not being stopped
     (the chief prepares its warm standby here, `recovery.standby`)."""
+
+  def ps_back_due(self) -> bool:
+    """Whether a left-out ps that answers again is to be taken back now
+    (`recovery.readmission`), judged by what the coordinators trained."""
 
   def exit_report(self) -> exit_report_lib.ExitReport | None:
     """What the coordinator that just exited said about why, if anything."""
@@ -324,7 +330,9 @@ class Supervisor:
     """The first cluster change the task watch asks for, applied to `excluded`."""
     if self._watch is None:
       return None
-    for what, worker in self._watch.update(reachable, self.excluded, now):
+    ps_out = any(t.job == spec_lib.JobType.PS for t in self.excluded)
+    for what, worker in self._watch.update(reachable, self.excluded, now,
+                                           ps_back_due=ps_out and self._launcher.ps_back_due()):
       if what == task_watch.Change.BACK:
         logging.warning("%s answers again: saving and restarting the coordinator with it",
                         worker)

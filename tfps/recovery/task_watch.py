@@ -10,8 +10,9 @@ supervisor probes the workers and ps and feeds what it sees here:
   * an excluded worker that has answered for `readmit_after` seconds in a
     row is BACK: restart the coordinator with it again;
   * an excluded ps (left out by ps failover, `recovery.policy`) that has
-    answered for `ps_readmit_after` seconds in a row is BACK likewise. A ps
-    is never GONE here: the coordinator notices a lost ps itself.
+    answered for `ps_readmit_after` seconds in a row is BACK likewise, once
+    the caller says taking it back is due (`recovery.readmission`). A ps is
+    never GONE here: the coordinator notices a lost ps itself.
 
 The last worker is never excluded (without workers nothing can train; that
 is a cluster loss, handled elsewhere). Nor is any worker judged while none
@@ -39,9 +40,9 @@ class TaskWatchConfig:
   """Attributes:
     timeout: seconds unreachable before a worker is excluded.
     readmit_after: seconds reachable before an excluded worker is taken back.
-    ps_readmit_after: seconds reachable before an excluded ps is taken back.
-      Longer than a worker's: taking a ps back restarts the coordinator, and
-      the ps failover's coordinator already trains at full strength.
+    ps_readmit_after: seconds reachable before an excluded ps may be taken
+      back. Longer than a worker's: a ps that has just come back may go
+      again, and taking it back restarts the coordinator.
   """
 
   timeout: float = 60.0
@@ -70,8 +71,12 @@ class TaskWatch:
     return self._config.timeout
 
   def update(self, reachable: set[spec_lib.TaskId], excluded: set[spec_lib.TaskId],
-             now: float) -> list[tuple[Change, spec_lib.TaskId]]:
-    """Changes to make now, given who answered and who is excluded."""
+             now: float, *, ps_back_due: bool = True) -> list[tuple[Change, spec_lib.TaskId]]:
+    """Changes to make now, given who answered and who is excluded.
+
+    `ps_back_due`: whether an excluded ps that has answered long enough is
+    to be taken back now (`recovery.readmission`); workers come back anyway.
+    """
     if self._ps and not set(self._ps) & reachable:
       self._since.clear()  # We see no ps either: no verdict on any task.
       return []
@@ -86,7 +91,8 @@ class TaskWatch:
       held_for = now - since
       readmit_after = (self._config.ps_readmit_after if task.job == spec_lib.JobType.PS
                        else self._config.readmit_after)
-      if task in excluded and up and held_for >= readmit_after:
+      if (task in excluded and up and held_for >= readmit_after
+          and (ps_back_due or task.job != spec_lib.JobType.PS)):
         changes.append((Change.BACK, task))
       elif (task in included and not up and held_for >= self._config.timeout
             and len(included) > 1):

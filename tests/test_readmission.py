@@ -1,0 +1,114 @@
+"""When a left-out ps is taken back (recovery.readmission): pure, no TensorFlow."""
+
+import pytest
+
+from tfps.recovery import progress_log
+from tfps.recovery import readmission
+
+Progress = progress_log.Progress
+
+
+class Run:
+  """Progress records as coordinators write them: a restore, then loops."""
+
+  def __init__(self):
+    self.records: list[Progress] = []
+    self.time = 1000.0
+    self.step = 0
+
+  def coordinator(self, *, left_out=(), start_seconds=5.0):
+    self.time += start_seconds
+    self.records.append(Progress(step=self.step, time=self.time, restored=True,
+                                 left_out=tuple(left_out)))
+    return self
+
+  def loops(self, count, rate, *, seconds=1.0, looped=False):
+    for _ in range(count):
+      self.time += seconds
+      self.step += round(rate * seconds)
+      self.records.append(Progress(step=self.step, time=self.time, looped=looped))
+    return self
+
+
+def without_ps0(run):
+  return run.coordinator(left_out=("ps:0",))
+
+
+def test_not_before_the_coordinator_without_the_ps_has_started():
+  run = Run().coordinator().loops(20, 400)
+  assert readmission.seconds_lost(run.records) is None
+  assert not readmission.due(run.records)
+
+
+def test_taken_back_at_once_when_the_run_never_trained_with_every_ps():
+  run = without_ps0(Run()).loops(1, 400)
+  assert readmission.due(run.records)
+  # A first coordinator that only restored (no loop to measure) is no reference either.
+  run = without_ps0(Run().coordinator()).loops(1, 400)
+  assert readmission.due(run.records)
+
+
+def test_as_fast_without_the_ps_it_is_never_due():
+  run = without_ps0(Run().coordinator().loops(50, 400)).loops(2000, 400)
+  assert readmission.seconds_lost(run.records) == pytest.approx(0.0, abs=0.05)
+  assert not readmission.due(run.records)
+
+
+def test_slower_without_it_due_once_the_loss_adds_up_to_a_restart():
+  run = without_ps0(Run().coordinator().loops(50, 400))
+  run.loops(30, 320)  # 20 % slower: 0.2 s lost per 1 s loop; the first loop is its start.
+  assert readmission.seconds_lost(run.records) == pytest.approx(0.2 * 29, rel=0.01)
+  assert not readmission.due(run.records)
+  run.loops(12, 320)
+  assert readmission.seconds_lost(run.records) == pytest.approx(0.2 * 41, rel=0.01)
+  assert readmission.due(run.records)
+
+
+def test_judged_only_after_enough_loops():
+  costs = readmission.ReadmitCosts(restart_seconds=0.0, min_loops=3)
+  run = without_ps0(Run().coordinator().loops(10, 400)).loops(3, 100)
+  assert readmission.seconds_lost(run.records, costs) is None  # 2 loops after the first.
+  assert not readmission.due(run.records, costs)
+  run.loops(1, 100)
+  assert readmission.due(run.records, costs)
+
+
+def test_looped_loops_are_compared_with_looped_ones():
+  # With every ps: written out at 400 steps/s, looped at 380.
+  run = Run().coordinator().loops(20, 380, looped=True).loops(20, 400)
+  without_ps0(run).loops(500, 380, looped=True)
+  assert readmission.seconds_lost(run.records) == pytest.approx(0.0, abs=0.05)
+  # Only written-out loops with every ps: looped ones are held to the
+  # measured looped speed (0.96) of them.
+  run = without_ps0(Run().coordinator().loops(20, 400)).loops(500, 384, looped=True)
+  assert readmission.seconds_lost(run.records) == pytest.approx(0.0, abs=0.05)
+  run = without_ps0(Run().coordinator().loops(20, 384, looped=True)).loops(500, 400)
+  assert readmission.seconds_lost(run.records) == pytest.approx(0.0, abs=0.05)
+
+
+def test_an_odd_slow_loop_is_not_the_missing_ps():
+  run = without_ps0(Run().coordinator().loops(20, 400)).loops(10, 400)
+  run.loops(1, 40, seconds=10.0)  # A paused worker, say.
+  run.loops(10, 400)
+  assert not readmission.due(run.records)
+
+
+def test_the_reference_is_the_coordinators_with_every_ps_only():
+  run = Run().coordinator().loops(20, 400)
+  without_ps0(run).loops(20, 200)  # An earlier failover, slow.
+  run.coordinator().loops(20, 400)
+  without_ps0(run).loops(20, 400)
+  # Compared with 400 (not with the earlier failover's 200): nothing lost.
+  assert readmission.seconds_lost(run.records) == pytest.approx(0.0, abs=0.05)
+  # A worker left out is not a ps left out.
+  run.coordinator(left_out=("worker:1",)).loops(20, 200)
+  assert readmission.seconds_lost(run.records) is None
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"restart_seconds": -1.0}, "restart_seconds (-1.0) must be >= 0"),
+    ({"min_loops": 0}, "min_loops (0) must be >= 1"),
+])
+def test_costs_validation(kwargs, message):
+  with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    readmission.ReadmitCosts(**kwargs)

@@ -1,0 +1,133 @@
+"""When to take a left-out ps back: once running without it has cost a restart (pure).
+
+After a ps failover (`recovery.policy`) the coordinator trains on the ps that
+answered, every variable on them. Taking the lost ps back, once it answers
+again, costs a coordinator restart: a save, a new coordinator's start and
+its first loop, seconds in which nothing trains. Running without it costs
+whatever speed the cluster lost with it: much on a cluster whose ps are its
+bottleneck, nothing measurable where the workers are. Which is cheaper is
+another ski-rental problem (as `coordinator.closure_plan`'s): rent (train
+without the ps) until the rent paid equals the price (a restart), then buy.
+
+The rent is measured, not assumed: the speed of the coordinator without the
+ps against the run's speed with every ps, loop by loop from the progress
+records (`recovery.progress_log`), like with like (looped closures against
+looped ones). Its median ratio is robust to the odd slow loop (a worker
+fault, a checkpoint) that is not the missing ps's doing. A run that never
+trained with every ps has nothing to compare with: the ps is taken back.
+Any restart takes every answering ps back anyway (`recovery.supervisor`).
+"""
+
+import dataclasses
+import enum
+import statistics
+from typing import Sequence
+
+from tfps.coordinator import closure_plan
+from tfps.recovery import progress_log
+
+
+class Readmit(str, enum.Enum):
+  """How the supervisor decides to take back a ps that answers again."""
+
+  MEASURED = "measured"  # Once running without it has cost a restart (`due`).
+  TIMED = "timed"  # Once it has answered for `--ps_readmit_after` seconds.
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadmitCosts:
+  """`restart_seconds`: training a restart that takes a ps back stops for
+  (a save, a new coordinator's start and its first looped loop: 6-8 s on
+  2 cores, docs/recovery.md "Ps failover"). `min_loops`: loops of the
+  coordinator without the ps before its speed is judged at all."""
+
+  restart_seconds: float = 8.0
+  min_loops: int = 3
+
+  def __post_init__(self):
+    if self.restart_seconds < 0:
+      raise ValueError(f"restart_seconds ({self.restart_seconds}) must be >= 0")
+    if self.min_loops < 1:
+      raise ValueError(f"min_loops ({self.min_loops}) must be >= 1")
+
+
+MEASURED = ReadmitCosts()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Loop:
+  rate: float  # Steps per second.
+  seconds: float
+  looped: bool
+
+
+def _coordinators(records: Sequence[progress_log.Progress]
+                  ) -> list[tuple[progress_log.Progress, list[_Loop]]]:
+  """Each coordinator's restore record and its loops after the first.
+
+  A first loop carries the coordinator's start (trace, instantiation), not
+  its speed.
+  """
+  out: list[tuple[progress_log.Progress, list[_Loop]]] = []
+  previous = None
+  first = False
+  for record in records:
+    if record.restored:
+      out.append((record, []))
+      previous, first = record, True
+      continue
+    if previous is None:
+      continue  # Loops before any restore record.
+    seconds, steps = record.time - previous.time, record.step - previous.step
+    if not first and seconds > 0 and steps > 0:
+      out[-1][1].append(_Loop(steps / seconds, seconds, record.looped))
+    previous, first = record, False
+  return out
+
+
+def _without_ps(restore: progress_log.Progress) -> bool:
+  return any(name.startswith("ps:") for name in restore.left_out)
+
+
+def seconds_lost(records: Sequence[progress_log.Progress],
+                 costs: ReadmitCosts = MEASURED) -> float | None:
+  """Training seconds the running coordinator has lost to running without a ps.
+
+  None: nothing to judge by (it runs with every ps, has trained fewer than
+  `costs.min_loops` loops, or the run never trained with every ps).
+  """
+  coordinators = _coordinators(records)
+  if not coordinators or not _without_ps(coordinators[-1][0]):
+    return None
+  current = coordinators[-1][1]
+  full = [loop for restore, loops in coordinators[:-1] if not _without_ps(restore)
+          for loop in loops]
+  if len(current) < costs.min_loops or not full:
+    return None
+  full_rates = {kind: [loop.rate for loop in full if loop.looped == kind] for kind in (True, False)}
+  looped_speed = closure_plan.MEASURED.looped_speed
+
+  def full_rate(looped: bool) -> float:
+    if full_rates[looped]:
+      return statistics.median(full_rates[looped])
+    other = statistics.median(full_rates[not looped])
+    return other * looped_speed if looped else other / looped_speed
+
+  ratio = statistics.median(loop.rate / full_rate(loop.looped) for loop in current)
+  return max(0.0, 1.0 - ratio) * sum(loop.seconds for loop in current)
+
+
+def due(records: Sequence[progress_log.Progress], costs: ReadmitCosts = MEASURED) -> bool:
+  """Whether to take the left-out ps back now that it answers (the run's records so far).
+
+  Not before the coordinator without it has started and trained
+  `costs.min_loops` loops, unless the run never trained with every ps (then
+  there is nothing to compare with, and it is taken back at once).
+  """
+  coordinators = _coordinators(records)
+  if not coordinators or not _without_ps(coordinators[-1][0]):
+    return False  # The coordinator without it has not started yet.
+  if not any(loops for restore, loops in coordinators[:-1] if not _without_ps(restore)):
+    return True
+  lost = seconds_lost(records, costs)
+  return lost is not None and lost >= costs.restart_seconds
