@@ -13,7 +13,8 @@ The rent is measured, not assumed: the speed of the coordinator without the
 ps against the run's speed with every ps, loop by loop from the progress
 records (`recovery.progress_log`), like with like (looped closures against
 looped ones). Its median ratio is robust to the odd slow loop (a worker
-fault, a checkpoint) that is not the missing ps's doing. A run that never
+fault, a checkpoint) that is not the missing ps's doing, and a slowdown
+within the host's own drift is not counted. A run that never
 trained with every ps has nothing to compare with: the ps is taken back.
 Any restart takes every answering ps back anyway (`recovery.supervisor`).
 """
@@ -38,15 +39,22 @@ class Readmit(str, enum.Enum):
 class ReadmitCosts:
   """`restart_seconds`: training a restart that takes a ps back stops for
   (a save, a new coordinator's start and its first looped loop: 6-8 s on
-  2 cores, docs/recovery.md "Ps failover"). `min_loops`: loops of the
-  coordinator without the ps before its speed is judged at all."""
+  2 cores, docs/recovery.md "Ps failover"). `speed_noise`: a slowdown
+  this small is not counted: a host's speed drifts that much between
+  stretches of one run (measured here: 4 % between the minutes before a
+  ps failover and those after its ps was taken back), and it cannot be told
+  from the missing ps's doing. `min_loops`: loops of the coordinator
+  without the ps before its speed is judged at all."""
 
   restart_seconds: float = 8.0
+  speed_noise: float = 0.05
   min_loops: int = 3
 
   def __post_init__(self):
     if self.restart_seconds < 0:
       raise ValueError(f"restart_seconds ({self.restart_seconds}) must be >= 0")
+    if not 0 <= self.speed_noise < 1:
+      raise ValueError(f"speed_noise ({self.speed_noise}) must be in [0, 1)")
     if self.min_loops < 1:
       raise ValueError(f"min_loops ({self.min_loops}) must be >= 1")
 
@@ -91,7 +99,8 @@ def _without_ps(restore: progress_log.Progress) -> bool:
 
 def seconds_lost(records: Sequence[progress_log.Progress],
                  costs: ReadmitCosts = MEASURED) -> float | None:
-  """Training seconds the running coordinator has lost to running without a ps.
+  """Training seconds the running coordinator has lost to running without a ps
+  (beyond `costs.speed_noise`).
 
   None: nothing to judge by (it runs with every ps, has trained fewer than
   `costs.min_loops` loops, or the run never trained with every ps).
@@ -114,7 +123,7 @@ def seconds_lost(records: Sequence[progress_log.Progress],
     return other * looped_speed if looped else other / looped_speed
 
   ratio = statistics.median(loop.rate / full_rate(loop.looped) for loop in current)
-  return max(0.0, 1.0 - ratio) * sum(loop.seconds for loop in current)
+  return max(0.0, 1.0 - ratio - costs.speed_noise) * sum(loop.seconds for loop in current)
 
 
 def due(records: Sequence[progress_log.Progress], costs: ReadmitCosts = MEASURED) -> bool:
