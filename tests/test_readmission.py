@@ -125,3 +125,38 @@ def test_the_reference_is_the_coordinators_with_every_ps_only():
 def test_costs_validation(kwargs, message):
   with pytest.raises(ValueError, match=re.escape(message)):
     readmission.ReadmitCosts(**kwargs)
+
+
+def test_the_chiefs_launcher_judges_from_the_whole_run_and_still_sees_its_coordinator_train(
+    tmp_path):
+  """The supervisor's launcher (run_command) reads the progress log for both
+  the readmission and whether the running coordinator trained: one read
+  must not hide a record from the other."""
+  import json
+  from tfps import run_command
+  from tfps import run_spec
+  from tfps.cluster import spec as spec_lib
+  config = spec_lib.from_tf_config(json.dumps({
+      "cluster": {"chief": ["localhost:1"], "ps": ["localhost:2", "localhost:3"],
+                  "worker": ["localhost:4"]}, "task": {"type": "chief", "index": 0}}))
+  model_dir = str(tmp_path)
+
+  def launcher(**spec):
+    made = run_command._CoordinatorLauncher(
+        config, run_spec.RunSpec(model_dir=model_dir, warm_standby=False, **spec), model_dir)
+    made._coordinators.start = lambda excluded: (None, False)  # No process.
+    return made
+
+  measured = launcher()
+  log = progress_log.ProgressLog(model_dir)
+  log.append(0, restored=True, now=0.0)
+  for i in range(1, 11):
+    log.append(400 * i, now=float(i))
+  measured.start(1, frozenset({"ps:1"}))  # After ps:1's failover.
+  log.append(4000, restored=True, now=20.0, left_out=("ps:1",))
+  assert not measured.trained()
+  assert not measured.ps_back_due()  # Not judged before min_loops.
+  log.append(4100, now=22.0)
+  assert not measured.ps_back_due()  # It read the loop record ...
+  assert measured.trained()  # ... and the coordinator's having trained is still seen.
+  assert launcher(ps_readmit="timed").ps_back_due()

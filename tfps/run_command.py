@@ -191,7 +191,7 @@ class _CoordinatorLauncher:
     self._spec_files = itertools.count(1)
     self._progress = progress_log.ProgressLog(spec.model_dir)
     self._records: list[progress_log.Progress] = []  # The run's, read so far.
-    self._trained = False
+    self._first_record = 0  # The current coordinator's first in `_records`.
     self._coordinators = standby.WarmCoordinators(
         self._command,
         env={**os.environ, exit_report.ENV_VAR: self.report_path,
@@ -206,22 +206,19 @@ class _CoordinatorLauncher:
 
   def start(self, attempt: int, excluded: frozenset) -> subprocess.Popen:
     self._read()
-    self._trained = False  # Only what the new coordinator does counts.
+    self._first_record = len(self._records)  # Only what the new coordinator does counts.
     process, warm = self._coordinators.start([str(t) for t in excluded])
     logging.info("starting coordinator (attempt %d%s)%s", attempt + 1,
                  ", warm standby" if warm else "",
                  f" without {', '.join(sorted(map(str, excluded)))}" if excluded else "")
     return process
 
-  def _read(self) -> list[progress_log.Progress]:
-    new = self._progress.read_new()
-    self._records.extend(new)
-    return new
+  def _read(self) -> None:
+    self._records.extend(self._progress.read_new())
 
   def trained(self) -> bool:
-    if not self._trained:
-      self._trained = any(not record.restored for record in self._read())
-    return self._trained
+    self._read()
+    return any(not record.restored for record in self._records[self._first_record:])
 
   def ps_back_due(self) -> bool:
     if self._spec.ps_readmit == readmission.Readmit.TIMED:
