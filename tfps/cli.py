@@ -87,7 +87,7 @@ flags.DEFINE_bool("ps_failover", True,
 flags.DEFINE_enum("ps_readmit", "measured", ["measured", "timed"],
                   "chief: when to restart the coordinator (after a save) to take back a ps "
                   "left out by --ps_failover that answers again. measured: once training "
-                  "without it has lost as much time as the restart costs (~8 s), by the "
+                  "without it has lost as much time as the restart costs (~6 s), by the "
                   "speed measured with and without it; timed: after --ps_readmit_after.")
 flags.DEFINE_float("ps_readmit_after", 30.0,
                    "chief: seconds a ps left out by --ps_failover must answer before it is "

@@ -37,16 +37,16 @@ class Readmit(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class ReadmitCosts:
-  """`restart_seconds`: training a restart that takes a ps back stops for
-  (a save, a new coordinator's start and its first looped loop: 6-8 s on
-  2 cores, docs/recovery.md "Ps failover"). `speed_noise`: a slowdown
+  """`restart_seconds`: training a restart that takes a ps back costs (a
+  save, a start from the warm standby and its first looped loop: 4-6 s on
+  2 cores, docs/recovery.md "Taking the ps back"). `speed_noise`: a slowdown
   this small is not counted: a host's speed drifts that much between
   stretches of one run (measured here: 4 % between the minutes before a
   ps failover and those after its ps was taken back), and it cannot be told
   from the missing ps's doing. `min_loops`: loops of the coordinator
   without the ps before its speed is judged at all."""
 
-  restart_seconds: float = 8.0
+  restart_seconds: float = 6.0
   speed_noise: float = 0.05
   min_loops: int = 3
 
