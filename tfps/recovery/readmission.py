@@ -14,9 +14,9 @@ ps against the run's speed with every ps, loop by loop from the progress
 records (`recovery.progress_log`), like with like (looped closures against
 looped ones). Its median ratio is robust to the odd slow loop (a worker
 fault, a checkpoint) that is not the missing ps's doing, and a slowdown
-within the host's own drift is not counted. A run that never
-trained with every ps has nothing to compare with: the ps is taken back.
-Any restart takes every answering ps back anyway (`recovery.supervisor`).
+within the host's own drift is not counted. A run that never trained with
+every ps has nothing to compare with: the ps is taken back. Any restart
+takes every answering ps back anyway (`recovery.supervisor`).
 """
 
 import dataclasses
