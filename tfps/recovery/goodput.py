@@ -60,20 +60,9 @@ def measure(records: Sequence[progress_lib.Progress]) -> Goodput:
   loops = [r for r in records if not r.restored]
   if not records or not loops:
     return Goodput(kept_steps=0, wall_seconds=0.0, fault_free_steps_per_sec=0.0)
-  steady, every = [], []
-  previous = None
-  for record in records:
-    if record.restored:
-      previous = record  # A new coordinator: its first loop is its start, not its speed.
-      continue
-    if (previous is not None and not previous.restored and record.time > previous.time
-        and record.step > previous.step):
-      rate = (record.step - previous.step) / (record.time - previous.time)
-      every.append(rate)
-      if not record.looped:
-        steady.append(rate)
-    previous = record
-  rates = steady or every
+  timed = [loop for _, of_one in progress_lib.loops_by_coordinator(records) for loop in of_one]
+  steady = [loop.steps_per_sec for loop in timed if not loop.looped]
+  rates = steady or [loop.steps_per_sec for loop in timed]
   return Goodput(kept_steps=loops[-1].step - records[0].step,
                  wall_seconds=loops[-1].time - records[0].time,
                  fault_free_steps_per_sec=statistics.median(rates) if rates else 0.0)

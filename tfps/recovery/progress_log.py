@@ -20,6 +20,7 @@ import dataclasses
 import json
 import os
 import time
+from typing import Sequence
 
 FILE_NAME = "progress.jsonl"
 
@@ -42,6 +43,35 @@ class Progress:
   # On a `restored` record: the workers and ps this coordinator runs without
   # (the supervisor left them out): a fault on one of them does not touch it.
   left_out: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Loop:
+  """One loop of a coordinator at its speed (not its first: that one carries
+  its start, the trace and the instantiation)."""
+
+  steps_per_sec: float
+  seconds: float
+  looped: bool
+
+
+def loops_by_coordinator(records: Sequence[Progress]) -> list[tuple[Progress | None, list[Loop]]]:
+  """Each coordinator's `restored` record and its loops after the first, in order.
+
+  Loops before any `restored` record come first, under None. A loop that
+  took no time or made no step is left out.
+  """
+  out: list[tuple[Progress | None, list[Loop]]] = []
+  previous = None
+  for record in records:
+    if record.restored or previous is None:
+      out.append((record if record.restored else None, []))
+    elif (not previous.restored and record.time > previous.time
+          and record.step > previous.step):
+      seconds = record.time - previous.time
+      out[-1][1].append(Loop((record.step - previous.step) / seconds, seconds, record.looped))
+    previous = record
+  return out
 
 
 class ProgressLog:

@@ -62,39 +62,14 @@ class ReadmitCosts:
 MEASURED = ReadmitCosts()
 
 
-@dataclasses.dataclass(frozen=True)
-class _Loop:
-  rate: float  # Steps per second.
-  seconds: float
-  looped: bool
+def _without_ps(restore: progress_log.Progress | None) -> bool:
+  return restore is not None and any(name.startswith("ps:") for name in restore.left_out)
 
 
-def _coordinators(records: Sequence[progress_log.Progress]
-                  ) -> list[tuple[progress_log.Progress, list[_Loop]]]:
-  """Each coordinator's restore record and its loops after the first.
-
-  A first loop carries the coordinator's start (trace, instantiation), not
-  its speed.
-  """
-  out: list[tuple[progress_log.Progress, list[_Loop]]] = []
-  previous = None
-  first = False
-  for record in records:
-    if record.restored:
-      out.append((record, []))
-      previous, first = record, True
-      continue
-    if previous is None:
-      continue  # Loops before any restore record.
-    seconds, steps = record.time - previous.time, record.step - previous.step
-    if not first and seconds > 0 and steps > 0:
-      out[-1][1].append(_Loop(steps / seconds, seconds, record.looped))
-    previous, first = record, False
-  return out
-
-
-def _without_ps(restore: progress_log.Progress) -> bool:
-  return any(name.startswith("ps:") for name in restore.left_out)
+def _loops_on_every_ps(coordinators) -> list[progress_log.Loop]:
+  """The loops of the run's earlier coordinators that ran with every ps."""
+  return [loop for restore, loops in coordinators[:-1]
+          if restore is not None and not _without_ps(restore) for loop in loops]
 
 
 def seconds_lost(records: Sequence[progress_log.Progress],
@@ -105,15 +80,18 @@ def seconds_lost(records: Sequence[progress_log.Progress],
   None: nothing to judge by (it runs with every ps, has trained fewer than
   `costs.min_loops` loops, or the run never trained with every ps).
   """
-  coordinators = _coordinators(records)
+  return _seconds_lost(progress_log.loops_by_coordinator(records), costs)
+
+
+def _seconds_lost(coordinators, costs: ReadmitCosts) -> float | None:
   if not coordinators or not _without_ps(coordinators[-1][0]):
     return None
   current = coordinators[-1][1]
-  full = [loop for restore, loops in coordinators[:-1] if not _without_ps(restore)
-          for loop in loops]
+  full = _loops_on_every_ps(coordinators)
   if len(current) < costs.min_loops or not full:
     return None
-  full_rates = {kind: [loop.rate for loop in full if loop.looped == kind] for kind in (True, False)}
+  full_rates = {kind: [loop.steps_per_sec for loop in full if loop.looped == kind]
+                for kind in (True, False)}
   looped_speed = closure_plan.MEASURED.looped_speed
 
   def full_rate(looped: bool) -> float:
@@ -122,7 +100,7 @@ def seconds_lost(records: Sequence[progress_log.Progress],
     other = statistics.median(full_rates[not looped])
     return other * looped_speed if looped else other / looped_speed
 
-  ratio = statistics.median(loop.rate / full_rate(loop.looped) for loop in current)
+  ratio = statistics.median(loop.steps_per_sec / full_rate(loop.looped) for loop in current)
   return max(0.0, 1.0 - ratio - costs.speed_noise) * sum(loop.seconds for loop in current)
 
 
@@ -133,10 +111,10 @@ def due(records: Sequence[progress_log.Progress], costs: ReadmitCosts = MEASURED
   `costs.min_loops` loops, unless the run never trained with every ps (then
   there is nothing to compare with, and it is taken back at once).
   """
-  coordinators = _coordinators(records)
+  coordinators = progress_log.loops_by_coordinator(records)
   if not coordinators or not _without_ps(coordinators[-1][0]):
     return False  # The coordinator without it has not started yet.
-  if not any(loops for restore, loops in coordinators[:-1] if not _without_ps(restore)):
+  if not _loops_on_every_ps(coordinators):
     return True
-  lost = seconds_lost(records, costs)
+  lost = _seconds_lost(coordinators, costs)
   return lost is not None and lost >= costs.restart_seconds
