@@ -47,6 +47,8 @@ def test_config_rejects_non_positive_integers(tmp_path, field, value):
     ({"experiment": " "}, "experiment (' ') must be a name or package.module:factory"),
     ({"cluster": {"ps": ["h:1"]}}, "cluster (dict) must be a tfps.cluster.spec.ClusterSpec"),
     ({"experiment_params": {"a": 1}}, "experiment_params ({'a': 1}) must map strings to strings"),
+    ({"tasks_left_out": ("ps:0",), "tasks_expected_back": ("ps:1",)},
+     "tasks_expected_back ('ps:1') must be one of tasks_left_out ('ps:0',)"),
 ])
 def test_config_rejects_bad_values_naming_field_and_value(tmp_path, overrides, message):
   with pytest.raises(errors.UsageError) as e:

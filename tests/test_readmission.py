@@ -160,3 +160,12 @@ def test_the_chiefs_launcher_judges_from_the_whole_run_and_still_sees_its_coordi
   assert not measured.ps_back_due()  # It read the loop record ...
   assert measured.trained()  # ... and the coordinator's having trained is still seen.
   assert launcher(ps_readmit="timed").ps_back_due()
+
+
+@pytest.mark.parametrize("readmit, expected", [
+    (readmission.Readmit.MEASURED, ("worker:1",)),  # The ps stays out unless it costs.
+    (readmission.Readmit.TIMED, ("ps:0", "worker:1")),
+    ("timed", ("ps:0", "worker:1")),
+])
+def test_which_left_out_tasks_are_expected_back_soon(readmit, expected):
+  assert readmission.expected_back(("ps:0", "worker:1"), readmit) == expected

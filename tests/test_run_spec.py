@@ -177,6 +177,18 @@ def test_chief_config_carries_the_coordinators_settings():
   assert config.ps_timeout is None and config.min_shard_bytes is None  # 0: off, as the flags.
   assert config.cluster.addresses(spec_lib.JobType.WORKER) == ("h:4",)
   assert config.tasks_left_out == ("worker:0",)
+  assert config.tasks_expected_back == ("worker:0",)  # Taken back 5 s after it answers.
+
+
+@pytest.mark.parametrize("readmit, expected", [("measured", ("worker:1",)),
+                                               ("timed", ("ps:0", "worker:1"))])
+def test_a_ps_left_out_is_expected_back_soon_only_when_taken_back_by_time(readmit, expected):
+  cluster = spec_lib.ClusterSpec.from_dict(
+      {"chief": ["h:1"], "ps": ["h:2", "h:5"], "worker": ["h:3", "h:4"]})
+  spec = run_spec.RunSpec(model_dir="/m", exclude_tasks=("ps:0", "worker:1"), ps_readmit=readmit)
+  config = spec.coordinator_config(cluster)
+  assert config.tasks_left_out == ("ps:0", "worker:1")
+  assert config.tasks_expected_back == expected
 
 
 def _chief_result(**overrides):

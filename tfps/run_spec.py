@@ -127,7 +127,8 @@ class RunSpec:
         model_dir=self.model_dir,
         **{name: getattr(self, name) for name in _CHIEF_FIELDS},
         min_shard_bytes=self.min_shard_bytes or None,
-        ps_timeout=self.ps_timeout or None, tasks_left_out=self.exclude_tasks)
+        ps_timeout=self.ps_timeout or None, tasks_left_out=self.exclude_tasks,
+        tasks_expected_back=readmission.expected_back(self.exclude_tasks, self.ps_readmit))
 
   def to_json(self) -> dict[str, Any]:
     out = {name: getattr(self, name) for name in FIELDS}  # asdict cannot copy a mappingproxy.

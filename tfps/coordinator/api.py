@@ -185,8 +185,11 @@ class CoordinatorConfig:
       and exits 170 (a partition hangs TF instead of failing it, see
       `coordinator.ps_deadline`); None: no deadline.
     tasks_left_out: the workers and ps the supervisor left out of `cluster`
-      (`worker:1`, `ps:0`): it restarts this coordinator when they answer
-      again, so it is expected to live short (`coordinator.closure_plan`).
+      (`worker:1`, `ps:0`).
+    tasks_expected_back: those of `tasks_left_out` the supervisor will
+      restart this coordinator to take back soon after they answer again
+      (`recovery.readmission.expected_back`): with any, it is expected to
+      live short (`coordinator.closure_plan`).
   """
 
   cluster: spec_lib.ClusterSpec
@@ -212,6 +215,7 @@ class CoordinatorConfig:
   min_shard_bytes: int | None = DEFAULT_MIN_SHARD_BYTES
   ps_timeout: float | None = None
   tasks_left_out: tuple[str, ...] = ()
+  tasks_expected_back: tuple[str, ...] = ()
 
   def __post_init__(self):
     if not isinstance(self.cluster, spec_lib.ClusterSpec):
@@ -255,6 +259,12 @@ class CoordinatorConfig:
       raise errors.UsageError(
           f"experiment_params ({params!r}) must map strings to strings")
     object.__setattr__(self, "experiment_params", types.MappingProxyType(params))
+    for name in ("tasks_left_out", "tasks_expected_back"):
+      object.__setattr__(self, name, tuple(getattr(self, name)))
+    for task in self.tasks_expected_back:
+      if task not in self.tasks_left_out:
+        raise errors.UsageError(
+            f"tasks_expected_back ({task!r}) must be one of tasks_left_out {self.tasks_left_out}")
 
 
 @dataclasses.dataclass(frozen=True)

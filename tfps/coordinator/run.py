@@ -145,7 +145,7 @@ def _looped_seconds(config: CoordinatorConfig) -> float:
     return 0.0
   records = progress_log.ProgressLog(config.model_dir).read_new()  # This run's, so far.
   return closure_plan.plan(records, events_lib.EventLog(config.model_dir).read(),
-                           replaced_soon=bool(config.tasks_left_out))
+                           replaced_soon=bool(config.tasks_expected_back))
 
 
 def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntime,

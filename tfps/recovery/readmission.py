@@ -104,6 +104,20 @@ def _seconds_lost(coordinators, costs: ReadmitCosts) -> float | None:
   return max(0.0, 1.0 - ratio - costs.speed_noise) * sum(loop.seconds for loop in current)
 
 
+def expected_back(left_out: Sequence[str], readmit: Readmit) -> tuple[str, ...]:
+  """The left-out tasks the supervisor will restart the coordinator to take back soon.
+
+  A worker: 5 s after it answers again. A ps: `--ps_readmit_after` after it
+  answers with `Readmit.TIMED`; with `Readmit.MEASURED` only once running
+  without it has cost a restart, which where the ps are not the bottleneck is
+  never: a coordinator without it plans to live like any other
+  (`coordinator.closure_plan`).
+  """
+  readmit = Readmit(readmit)
+  return tuple(name for name in left_out
+               if not name.startswith("ps:") or readmit == Readmit.TIMED)
+
+
 def due(records: Sequence[progress_log.Progress], costs: ReadmitCosts = MEASURED) -> bool:
   """Whether to take the left-out ps back now that it answers (the run's records so far).
 
