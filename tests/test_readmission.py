@@ -121,6 +121,7 @@ def test_the_reference_is_the_coordinators_with_every_ps_only():
     ({"restart_seconds": -1.0}, "restart_seconds (-1.0) must be >= 0"),
     ({"min_loops": 0}, "min_loops (0) must be >= 1"),
     ({"speed_noise": 1.0}, "speed_noise (1.0) must be in [0, 1)"),
+    ({"window": 2}, "window (2) must be >= min_loops (3)"),
 ])
 def test_costs_validation(kwargs, message):
   with pytest.raises(ValueError, match=re.escape(message)):
@@ -169,3 +170,25 @@ def test_the_chiefs_launcher_judges_from_the_whole_run_and_still_sees_its_coordi
 ])
 def test_which_left_out_tasks_are_expected_back_soon(readmit, expected):
   assert readmission.expected_back(("ps:0", "worker:1"), readmit) == expected
+
+
+def test_the_speeds_compared_are_the_latest_loops_on_either_side():
+  costs = readmission.ReadmitCosts(window=10)
+  run = Run().coordinator().loops(100, rate=50).loops(10, rate=100)  # Faster lately.
+  without_ps0(run).loops(20, rate=50).loops(30, rate=80)
+  # Against the latest 10 loops with every ps (100/s), the latest 10 without (80/s): 15 % lost
+  # over the 49 s of its loops after the first.
+  assert readmission.seconds_lost(run.records, costs) == pytest.approx(0.15 * 49, rel=0.01)
+  assert readmission.due(run.records, costs)
+  everything = readmission.ReadmitCosts(window=1000)  # Medians 50/s and 50/s: nothing lost.
+  assert readmission.seconds_lost(run.records, everything) == 0.0
+
+
+def test_grouping_records_as_they_come_equals_grouping_them_at_once():
+  run = Run().coordinator().loops(5, rate=50)
+  without_ps0(run).loops(4, rate=40).loops(3, rate=45, looped=True)
+  grouped = progress_log.CoordinatorLoops()
+  for start in range(0, len(run.records), 3):  # Read a few at a time, as the launcher does.
+    grouped.extend(run.records[start:start + 3])
+  assert grouped.coordinators == progress_log.loops_by_coordinator(run.records)
+  assert readmission.judge(grouped.coordinators) == readmission.due(run.records)

@@ -190,8 +190,8 @@ class _CoordinatorLauncher:
     self._spec, self._scratch = spec, scratch
     self._spec_files = itertools.count(1)
     self._progress = progress_log.ProgressLog(spec.model_dir)
-    self._records: list[progress_log.Progress] = []  # The run's, read so far.
-    self._first_record = 0  # The current coordinator's first in `_records`.
+    self._loops = progress_log.CoordinatorLoops()  # The run's, read so far.
+    self._trained = False  # Whether the current coordinator has ended a loop.
     self._coordinators = standby.WarmCoordinators(
         self._command,
         env={**os.environ, exit_report.ENV_VAR: self.report_path,
@@ -206,7 +206,7 @@ class _CoordinatorLauncher:
 
   def start(self, attempt: int, excluded: frozenset) -> subprocess.Popen:
     self._read()
-    self._first_record = len(self._records)  # Only what the new coordinator does counts.
+    self._trained = False  # Only what the new coordinator does counts.
     process, warm = self._coordinators.start([str(t) for t in excluded])
     logging.info("starting coordinator (attempt %d%s)%s", attempt + 1,
                  ", warm standby" if warm else "",
@@ -214,17 +214,19 @@ class _CoordinatorLauncher:
     return process
 
   def _read(self) -> None:
-    self._records.extend(self._progress.read_new())
+    records = self._progress.read_new()
+    self._loops.extend(records)
+    self._trained = self._trained or any(not record.restored for record in records)
 
   def trained(self) -> bool:
     self._read()
-    return any(not record.restored for record in self._records[self._first_record:])
+    return self._trained
 
   def ps_back_due(self) -> bool:
     if self._spec.ps_readmit == readmission.Readmit.TIMED:
       return True
     self._read()
-    return readmission.due(self._records)
+    return readmission.judge(self._loops.coordinators)
 
   def idle(self) -> None:
     if self.trained():  # Only once this one trains: never slow down a start.

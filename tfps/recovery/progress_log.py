@@ -20,7 +20,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Sequence
+from typing import Iterable, Sequence
 
 FILE_NAME = "progress.jsonl"
 
@@ -55,23 +55,35 @@ class Loop:
   looped: bool
 
 
-def loops_by_coordinator(records: Sequence[Progress]) -> list[tuple[Progress | None, list[Loop]]]:
-  """Each coordinator's `restored` record and its loops after the first, in order.
+class CoordinatorLoops:
+  """Each coordinator's `restored` record and its loops after the first, in order,
+  kept up to date as records are read (so a run of days is walked once).
 
   Loops before any `restored` record come first, under None. A loop that
   took no time or made no step is left out.
   """
-  out: list[tuple[Progress | None, list[Loop]]] = []
-  previous = None
-  for record in records:
-    if record.restored or previous is None:
-      out.append((record if record.restored else None, []))
-    elif (not previous.restored and record.time > previous.time
-          and record.step > previous.step):
-      seconds = record.time - previous.time
-      out[-1][1].append(Loop((record.step - previous.step) / seconds, seconds, record.looped))
-    previous = record
-  return out
+
+  def __init__(self):
+    self.coordinators: list[tuple[Progress | None, list[Loop]]] = []
+    self._previous: Progress | None = None
+
+  def extend(self, records: Iterable[Progress]) -> "CoordinatorLoops":
+    for record in records:
+      previous = self._previous
+      if record.restored or previous is None:
+        self.coordinators.append((record if record.restored else None, []))
+      elif (not previous.restored and record.time > previous.time
+            and record.step > previous.step):
+        seconds = record.time - previous.time
+        self.coordinators[-1][1].append(
+            Loop((record.step - previous.step) / seconds, seconds, record.looped))
+      self._previous = record
+    return self
+
+
+def loops_by_coordinator(records: Sequence[Progress]) -> list[tuple[Progress | None, list[Loop]]]:
+  """`CoordinatorLoops.coordinators` of `records`."""
+  return CoordinatorLoops().extend(records).coordinators
 
 
 class ProgressLog:

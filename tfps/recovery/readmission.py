@@ -44,11 +44,15 @@ class ReadmitCosts:
   stretches of one run (measured here: 4 % between the minutes before a
   ps failover and those after its ps was taken back), and it cannot be told
   from the missing ps's doing. `min_loops`: loops of the coordinator
-  without the ps before its speed is judged at all."""
+  without the ps before its speed is judged at all. `window`: the latest
+  loops compared on either side: the speeds of now rather than of hours ago,
+  and a judgement (every probe, while a ps is out) whose cost does not grow
+  with the run."""
 
   restart_seconds: float = 6.0
   speed_noise: float = 0.05
   min_loops: int = 3
+  window: int = 1000
 
   def __post_init__(self):
     if self.restart_seconds < 0:
@@ -57,6 +61,8 @@ class ReadmitCosts:
       raise ValueError(f"speed_noise ({self.speed_noise}) must be in [0, 1)")
     if self.min_loops < 1:
       raise ValueError(f"min_loops ({self.min_loops}) must be >= 1")
+    if self.window < self.min_loops:
+      raise ValueError(f"window ({self.window}) must be >= min_loops ({self.min_loops})")
 
 
 MEASURED = ReadmitCosts()
@@ -66,10 +72,15 @@ def _without_ps(restore: progress_log.Progress | None) -> bool:
   return restore is not None and any(name.startswith("ps:") for name in restore.left_out)
 
 
-def _loops_on_every_ps(coordinators) -> list[progress_log.Loop]:
-  """The loops of the run's earlier coordinators that ran with every ps."""
-  return [loop for restore, loops in coordinators[:-1]
-          if restore is not None and not _without_ps(restore) for loop in loops]
+def _loops_on_every_ps(coordinators, count: int) -> list[progress_log.Loop]:
+  """The latest `count` loops of the run's earlier coordinators that ran with every ps."""
+  latest: list[progress_log.Loop] = []
+  for restore, loops in reversed(coordinators[:-1]):
+    if restore is not None and not _without_ps(restore):
+      latest[:0] = loops[-(count - len(latest)):]
+      if len(latest) >= count:
+        break
+  return latest
 
 
 def seconds_lost(records: Sequence[progress_log.Progress],
@@ -87,7 +98,7 @@ def _seconds_lost(coordinators, costs: ReadmitCosts) -> float | None:
   if not coordinators or not _without_ps(coordinators[-1][0]):
     return None
   current = coordinators[-1][1]
-  full = _loops_on_every_ps(coordinators)
+  full = _loops_on_every_ps(coordinators, costs.window)
   if len(current) < costs.min_loops or not full:
     return None
   full_rates = {kind: [loop.steps_per_sec for loop in full if loop.looped == kind]
@@ -100,7 +111,8 @@ def _seconds_lost(coordinators, costs: ReadmitCosts) -> float | None:
     other = statistics.median(full_rates[not looped])
     return other * looped_speed if looped else other / looped_speed
 
-  ratio = statistics.median(loop.steps_per_sec / full_rate(loop.looped) for loop in current)
+  ratio = statistics.median(loop.steps_per_sec / full_rate(loop.looped)
+                            for loop in current[-costs.window:])
   return max(0.0, 1.0 - ratio - costs.speed_noise) * sum(loop.seconds for loop in current)
 
 
@@ -125,10 +137,15 @@ def due(records: Sequence[progress_log.Progress], costs: ReadmitCosts = MEASURED
   `costs.min_loops` loops, unless the run never trained with every ps (then
   there is nothing to compare with, and it is taken back at once).
   """
-  coordinators = progress_log.loops_by_coordinator(records)
+  return judge(progress_log.loops_by_coordinator(records), costs)
+
+
+def judge(coordinators: Sequence[tuple[progress_log.Progress | None, list[progress_log.Loop]]],
+          costs: ReadmitCosts = MEASURED) -> bool:
+  """`due` from the run's loops grouped by coordinator (`progress_log.CoordinatorLoops`)."""
   if not coordinators or not _without_ps(coordinators[-1][0]):
     return False  # The coordinator without it has not started yet.
-  if not _loops_on_every_ps(coordinators):
+  if not _loops_on_every_ps(coordinators, 1):
     return True
   lost = _seconds_lost(coordinators, costs)
   return lost is not None and lost >= costs.restart_seconds
