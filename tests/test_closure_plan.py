@@ -99,3 +99,25 @@ def test_only_the_recent_coordinators_predict():
 def test_impossible_costs_are_refused_by_name(fields):
   with pytest.raises(ValueError, match=next(iter(fields))):
     closure_plan.SwitchCosts(**fields)
+
+
+def test_no_coordinator_outlives_the_training_left():
+  assert closure_plan.looped_seconds([300, 280, 290], COSTS, remaining=500) == 0.0
+  # Near the end of training a write-out cannot repay itself, whatever the history.
+  assert closure_plan.looped_seconds([300, 280, 290], COSTS, remaining=20) == 32.0
+
+
+def test_training_left_from_the_target_and_the_latest_loops_speed():
+  records = [progress_log.Progress(step=0, time=0.0, restored=True)] + [
+      progress_log.Progress(step=100 * i, time=float(i)) for i in range(1, 31)]  # 100 steps/s.
+  assert closure_plan.remaining_seconds(records, train_steps=5000) == pytest.approx(20.0)
+  assert closure_plan.remaining_seconds(records, train_steps=None) is None
+  assert closure_plan.remaining_seconds(records[:2], train_steps=5000) is None  # No loop yet.
+  assert closure_plan.remaining_seconds(records, train_steps=1000) == 0.0
+  history = [progress_log.Progress(step=0, time=0.0, restored=True),
+             progress_log.Progress(step=1, time=300.0),              # Lived 300 s,
+             progress_log.Progress(step=1, time=310.0, restored=True)] + [
+      progress_log.Progress(step=1 + 100 * i, time=310.0 + i) for i in range(1, 301)]  # and 300 s.
+  assert closure_plan.plan(history, [], COSTS) == 0.0
+  assert closure_plan.plan(history, [], COSTS, train_steps=30_001 + 5_000) == 0.0  # 50 s left.
+  assert closure_plan.plan(history, [], COSTS, train_steps=30_001 + 2_000) == 32.0  # 20 s left.

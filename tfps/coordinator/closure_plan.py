@@ -12,7 +12,8 @@ rule: never more than about twice the best choice in hindsight), except
 where the run's recent coordinators say the future:
 
 * recent ones lived at least the break-even time (the price over the fast
-  start's loss per second): this one will too; write out at once;
+  start's loss per second), and the training left takes that long too: this
+  one will live that long; write out at once;
 * otherwise (recent ones died sooner, this is the run's first coordinator,
   or this one runs without a worker or ps that the supervisor will restart
   it to take back): train with the fast start, and write out once this one
@@ -65,6 +66,8 @@ class SwitchCosts:
 MEASURED = SwitchCosts()
 # The recent coordinators whose lives predict the next one's.
 RECENT = 5
+# The latest loops whose median speed says how long the training left takes.
+RECENT_LOOPS = 20
 
 
 def coordinator_lifetimes(records: Sequence[progress_log.Progress],
@@ -104,7 +107,8 @@ def planned_restarts(events: Iterable[events_lib.Event]) -> list[float]:
 
 
 def looped_seconds(earlier_lifetimes: Sequence[float], costs: SwitchCosts = MEASURED, *,
-                   replaced_soon: bool = False, lived: float = 0.0) -> float:
+                   replaced_soon: bool = False, lived: float = 0.0,
+                   remaining: float | None = None) -> float:
   """Seconds a new coordinator trains with the fast start before it writes out (0: at once).
 
   `earlier_lifetimes`: the run's earlier coordinators, oldest first.
@@ -112,25 +116,46 @@ def looped_seconds(earlier_lifetimes: Sequence[float], costs: SwitchCosts = MEAS
   history says (it runs without tasks the supervisor will take back).
   `lived`: seconds of the life this coordinator continues (its predecessors'
   since the last fault), not in `earlier_lifetimes`.
+  `remaining`: seconds of training left in the run (None: not known); no
+  coordinator outlives it.
   """
   if not earlier_lifetimes or replaced_soon:
     return costs.break_even_seconds
   expected = statistics.median(earlier_lifetimes[-RECENT:]) - lived
+  if remaining is not None:
+    expected = min(expected, remaining)
   if expected >= costs.break_even_seconds:
     return 0.0
   return costs.break_even_seconds
 
 
+def remaining_seconds(records: Sequence[progress_log.Progress],
+                      train_steps: int | None) -> float | None:
+  """Seconds of training left to `train_steps` from the run's last record, at the
+  median speed of its latest `RECENT_LOOPS` loops; None without a target or a loop."""
+  if not train_steps or not records:
+    return None
+  loops = [loop for _, of_one in progress_log.loops_by_coordinator(records)
+           for loop in of_one][-RECENT_LOOPS:]
+  if not loops:
+    return None
+  speed = statistics.median(loop.steps_per_sec for loop in loops)
+  return max(0, train_steps - records[-1].step) / speed
+
+
 def plan(records: Sequence[progress_log.Progress], events: Iterable[events_lib.Event],
-         costs: SwitchCosts = MEASURED, *, replaced_soon: bool = False) -> float:
+         costs: SwitchCosts = MEASURED, *, replaced_soon: bool = False,
+         train_steps: int | None = None) -> float:
   """`looped_seconds` for a coordinator starting now, from the run's logs so far.
 
   `records` and `events` are the run's progress records and events before
-  this coordinator's restore.
+  this coordinator's restore; `train_steps`, the step the run trains to
+  (None: not known).
   """
   restarts = planned_restarts(events)
   lifetimes = coordinator_lifetimes(records, restarts)
   lived = 0.0
   if lifetimes and _restarted_between(restarts, records[-1].time, float("inf")):
     lived = lifetimes.pop()  # This coordinator continues the last life.
-  return looped_seconds(lifetimes, costs, replaced_soon=replaced_soon, lived=lived)
+  return looped_seconds(lifetimes, costs, replaced_soon=replaced_soon, lived=lived,
+                        remaining=remaining_seconds(records, train_steps))

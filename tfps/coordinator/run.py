@@ -145,7 +145,8 @@ def _looped_seconds(config: CoordinatorConfig) -> float:
     return 0.0
   records = progress_log.ProgressLog(config.model_dir).read_new()  # This run's, so far.
   return closure_plan.plan(records, events_lib.EventLog(config.model_dir).read(),
-                           replaced_soon=bool(config.tasks_expected_back))
+                           replaced_soon=bool(config.tasks_expected_back),
+                           train_steps=config.train_steps)
 
 
 def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntime,
