@@ -8,6 +8,7 @@ import threading
 
 import tensorflow as tf
 
+from tfps.coordinator import closure_plan
 from tfps.coordinator import closures as closures_lib
 
 FULL = 4
@@ -136,3 +137,29 @@ def test_a_looped_start_stays_looped_until_its_time():
     warm.before_loop(written_out=False)
     warm.after_loop()
   assert not warm.ready.is_set() and not warm.workers_kept_warm
+
+
+def test_a_looped_start_does_not_write_out_when_the_training_left_cannot_repay_it(monkeypatch):
+  clock = [1000.0]
+  monkeypatch.setattr(closures_lib.time, "monotonic", lambda: clock[0])
+  counting, coordinator = _Counting(), _Coordinator()
+  warm = _warm(counting, coordinator, looped_seconds=10)
+  warm.after_loop(step=0, steps_left=10_000)
+  clock[0] += 20  # Past its time, at 100 steps/s.
+  warm.after_loop(step=2_000, steps_left=100 * 60)  # A minute left: under the break-even.
+  assert not warm.ready.is_set()
+  clock[0] += 1
+  warm.after_loop(step=2_100, steps_left=None)  # Not known: write out.
+  assert warm.ready.is_set()
+  warm = _warm(counting, coordinator, looped_seconds=10)
+  warm.after_loop(step=0, steps_left=10**6)
+  clock[0] += 20
+  warm.after_loop(step=2_000, steps_left=10**6)  # Hours left.
+  assert warm.ready.is_set()
+
+
+def test_a_write_out_pays_when_the_training_left_lasts_the_break_even():
+  costs = closure_plan.SwitchCosts(write_out_seconds=8.0, looped_speed=0.75)  # 32 s.
+  assert closure_plan.write_out_pays(None, costs)
+  assert closure_plan.write_out_pays(32.0, costs)
+  assert not closure_plan.write_out_pays(31.0, costs)

@@ -129,6 +129,12 @@ def looped_seconds(earlier_lifetimes: Sequence[float], costs: SwitchCosts = MEAS
   return costs.break_even_seconds
 
 
+def write_out_pays(seconds_left: float | None, costs: SwitchCosts = MEASURED) -> bool:
+  """Whether a write-out now can repay itself: the training left (None: not known)
+  lasts at least the break-even time."""
+  return seconds_left is None or seconds_left >= costs.break_even_seconds
+
+
 def remaining_seconds(records: Sequence[progress_log.Progress],
                       train_steps: int | None) -> float | None:
   """Seconds of training left to `train_steps` from the run's last record, at the

@@ -41,6 +41,7 @@ from typing import Any, Callable
 from absl import logging
 import tensorflow as tf
 
+from tfps.coordinator import closure_plan
 from tfps.coordinator import step_logs
 from tfps.coordinator import warm_up
 
@@ -141,6 +142,8 @@ class WarmClosures:
     # the per-worker resources doing it, kept: TF forgets one nobody holds.
     self._warm_for: bool | None = None
     self._resources = None
+    self._first_loop: tuple[float, int] | None = None  # (time, global step) after it.
+    self._stays_looped = False
     if looped_seconds <= 0:
       self.ready.set()
     else:
@@ -167,9 +170,26 @@ class WarmClosures:
                                                self._closures.warm_calls(written_out))
       self._warm_for = written_out
 
-  def after_loop(self) -> None:
-    """After each loop: write out from the next one once this coordinator has lived long enough."""
-    if not self.ready.is_set() and time.monotonic() >= self._looped_until:
-      logging.info("this coordinator has lived %.0fs: writing out the full-size closures "
-                   "(the next loop traces them)", self._looped_seconds)
-      self.ready.set()
+  def after_loop(self, step: int | None = None, steps_left: int | None = None) -> None:
+    """After each loop: write out from the next one once this coordinator has lived long
+    enough, unless the training left (`steps_left` after global step `step`, at
+    the speed since the first loop) is too short to repay it."""
+    now = time.monotonic()
+    if self._first_loop is None and step is not None:
+      self._first_loop = (now, step)
+    if self.ready.is_set() or now < self._looped_until:
+      return
+    seconds_left = None
+    if self._first_loop is not None and steps_left is not None and step is not None:
+      since, first_step = self._first_loop
+      if now > since and step > first_step:
+        seconds_left = steps_left * (now - since) / (step - first_step)
+    if not closure_plan.write_out_pays(seconds_left):
+      if not self._stays_looped:
+        logging.info("the training left (~%.0fs) is too short to repay a write-out: the "
+                     "full-size closures stay looped", seconds_left)
+        self._stays_looped = True
+      return
+    logging.info("this coordinator has lived %.0fs: writing out the full-size closures "
+                 "(the next loop traces them)", self._looped_seconds)
+    self.ready.set()

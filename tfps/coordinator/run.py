@@ -372,6 +372,8 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
     train_steps = _train_steps(config, ledger)
     if measured is not None:
       measured.target = train_steps
+    if isinstance(trainer, trainer_lib.PSTrainer):
+      trainer.target = train_steps
     if controller.restored is None and config.mode != Mode.EVAL:
       # A first checkpoint at the start: later saves then fall on multiples
       # of checkpoint_interval (CheckpointManager always saves its first).

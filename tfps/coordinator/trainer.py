@@ -157,6 +157,8 @@ class PSTrainer(orbit.StandardTrainer):
     self._warm: closures_lib.WarmClosures | None = None  # Positioned input, once looping.
     self.closures_scheduled = 0
     self.reexecuted_steps = 0
+    # The step training ends at (None: not known); set once known, after the restore.
+    self.target: int | None = None
     self.last_loop = LoopInput()
     self._loop_logs = {}
     self.input_state = positioned_lib.LedgerState()
@@ -294,7 +296,10 @@ class PSTrainer(orbit.StandardTrainer):
       self._loop_logs = step_logs.loop_means(
           [(size, remote.fetch()) for size, remote in scheduled])
       if self._warm is not None:
-        self._warm.after_loop()
+        # The global step counts each scheduled step once (above): no read needed.
+        step = None if start_step is None else start_step + sum(size for size, _ in scheduled)
+        self._warm.after_loop(step, None if self.target is None or step is None
+                              else max(0, self.target - step))
 
     return loop_fn
 
