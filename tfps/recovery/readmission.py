@@ -68,8 +68,12 @@ class ReadmitCosts:
 MEASURED = ReadmitCosts()
 
 
+def _is_ps(task: str) -> bool:
+  return task.startswith("ps:")
+
+
 def _without_ps(restore: progress_log.Progress | None) -> bool:
-  return restore is not None and any(name.startswith("ps:") for name in restore.left_out)
+  return restore is not None and any(_is_ps(name) for name in restore.left_out)
 
 
 def _loops_on_every_ps(coordinators, count: int) -> list[progress_log.Loop]:
@@ -126,8 +130,7 @@ def expected_back(left_out: Sequence[str], readmit: Readmit) -> tuple[str, ...]:
   (`coordinator.closure_plan`).
   """
   readmit = Readmit(readmit)
-  return tuple(name for name in left_out
-               if not name.startswith("ps:") or readmit == Readmit.TIMED)
+  return tuple(name for name in left_out if not _is_ps(name) or readmit == Readmit.TIMED)
 
 
 def due(records: Sequence[progress_log.Progress], costs: ReadmitCosts = MEASURED) -> bool:
