@@ -113,7 +113,9 @@ def test_split_eval_steps_over_shards():
 
 @pytest.mark.parametrize("step,expected", [(0, 40), (40, 40), (80, 20), (90, 10), (100, 40)])
 def test_loops_end_on_checkpoint_boundaries(step, expected):
-  assert coordinator_run._loop_size(step, steps_per_loop=40, checkpoint_interval=100) == expected
+  config = coordinator_run.CoordinatorConfig(
+      cluster=_CLUSTER, model_dir="/m", steps_per_loop=40, checkpoint_interval=100, steps_per_closure=1)
+  assert coordinator_run._loop_ends(config).next_loop(step) == expected
 
 
 class _FakeStep:

@@ -374,8 +374,12 @@ def test_checkpoint_and_resume_at_the_saved_step(cluster, tmp_path, caplog):
   first = coordinator_run.run_coordinator(_coordinator_config(cluster, tmp_path, train_steps=120, mode="train",
                                         steps_per_loop=50, checkpoint_interval=50))
   assert first.global_step == 120 and first.eval == {}
-  saved = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "ckpt-*.index")))
-  assert saved == ["ckpt-100.index", "ckpt-120.index", "ckpt-50.index"]
+  saved = sorted(int(os.path.basename(p)[len("ckpt-"):-len(".index")])
+                 for p in glob.glob(str(tmp_path / "ckpt-*.index")))
+  # A loop may end up to 12 steps short of its boundary (less than half a
+  # closure of 25) at a shard's end: the save follows it (coordinator.loop_ends).
+  assert len(saved) == 3 and 38 <= saved[0] <= 50 and 88 <= saved[1] <= 100, saved
+  assert saved[2] == 120  # The end of training is exact.
 
   caplog.clear()
   second = coordinator_run.run_coordinator(_coordinator_config(cluster, tmp_path, train_steps=150, mode="train"))
@@ -388,10 +392,13 @@ def test_checkpoint_and_resume_at_the_saved_step(cluster, tmp_path, caplog):
   assert 0.5 < third.eval["auc"] < 1.0
 
   records = progress_log.ProgressLog(str(tmp_path)).read_new()
-  assert [(r.step, r.restored) for r in records] == [
-      (0, True), (50, False), (100, False), (120, False),  # First run.
-      (120, True), (150, False),                           # Resumed.
-      (150, True)]                                         # Eval only.
+  starts = [i for i, r in enumerate(records) if r.restored]
+  assert len(starts) == 3 and records[0].step == 0
+  first_loops = [r.step for r in records[1:starts[1]]]
+  assert first_loops[-1] == 120 and set(saved[:2]) <= set(first_loops)  # A save per boundary.
+  assert [(r.step, r.restored) for r in records[starts[1]:]] == [
+      (120, True), (150, False),  # Resumed.
+      (150, True)]                # Eval only.
 
 
 def test_user_factory_with_plain_orbit_classes(cluster, tmp_path):

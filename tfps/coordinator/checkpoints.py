@@ -95,14 +95,23 @@ class Manager(tf.train.CheckpointManager):
   """
 
   def __init__(self, checkpoint: tf.train.Checkpoint, directory: str, *, asynchronous: bool,
-               before_save: Sequence[Callable[[], None]] = (), **kwargs):
+               before_save: Sequence[Callable[[], None]] = (),
+               save_due: Callable[[int, int], bool] | None = None, **kwargs):
+    """`save_due(step, last_saved_step)`: whether a `save(check_interval=True)` at
+    `step` saves (default: TensorFlow's, `checkpoint_interval` steps after the last)."""
     super().__init__(checkpoint, directory, **kwargs)
     self.asynchronous = asynchronous
     self._before_save = tuple(before_save)
+    self._save_due = save_due
     self.saves = 0
     self.stall_seconds = 0.0  # Time the caller stood still in save() and sync().
 
   def save(self, checkpoint_number=None, check_interval: bool = True, options=None):
+    last = self._last_checkpoint_step if self._checkpoint_interval is not None else None
+    if check_interval and self._save_due is not None and last is not None:
+      if not self._save_due(int(self._step_counter.numpy()), int(last)):
+        return None
+      check_interval = False  # Due: TensorFlow's own check would count from `last`.
     start = time.perf_counter()
     for capture in self._before_save:
       capture()

@@ -44,6 +44,7 @@ from tfps.coordinator import closure_plan
 from tfps.coordinator import datasets
 from tfps.coordinator import evaluator as evaluator_lib
 from tfps.coordinator import experiment as experiment_lib
+from tfps.coordinator import loop_ends
 from tfps.coordinator import loop_guard
 from tfps.base import messages
 from tfps.coordinator import progress
@@ -77,9 +78,10 @@ class _RoutineLines(py_logging.Filter):
   counts each scheduled step once (`trainer.PSTrainer` takes back the steps
   TensorFlow re-ran in retried closures, and reports them), so it can only
   mean a loop cut short by an interrupt, which the trainer logs itself before
-  the chief saves. TensorFlow's asynchronous checkpoint writer says three
-  lines per save (started, synced, its counter); Orbit's "saved checkpoint"
-  line stays. TensorFlow's warning that a strategy method runs outside
+  the chief saves, or one that ended at a shard's end a few steps short
+  (`coordinator.loop_ends`), trained in the next loop. TensorFlow's
+  asynchronous checkpoint writer says three lines per save (started, synced,
+  its counter); Orbit's "saved checkpoint" line stays. TensorFlow's warning that a strategy method runs outside
   `ClusterCoordinator.schedule` comes once per traced step (dozens at every
   coordinator start), also when the trace is schedule()'s own: it is kept
   once, since a user's own call outside schedule() would say the same.
@@ -134,11 +136,6 @@ class _Controller(orbit.Controller):
     return self.restored
 
 
-def _loop_size(step: int, steps_per_loop: int, checkpoint_interval: int) -> int:
-  """Steps of the next loop: end loops on checkpoint boundaries."""
-  return max(1, min(steps_per_loop, checkpoint_interval - step % checkpoint_interval))
-
-
 def _looped_seconds(config: CoordinatorConfig) -> float:
   """How long this coordinator trains looped before writing out (`closure_plan`)."""
   if not config.fast_start:
@@ -158,10 +155,18 @@ def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntim
     trainer = trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=config.steps_per_closure,
                                     looped_seconds=_looped_seconds(config), pause=pause,
                                     global_step=experiment.global_step,
-                                    input_shards=getattr(config, "input_shards", None))
+                                    input_shards=getattr(config, "input_shards", None),
+                                    loop_slack=_loop_ends(config).slack)
   if isinstance(evaluator, orbit.StandardEvaluator):
     evaluator = evaluator_lib.PSEvaluator(evaluator, runtime, num_shards=config.eval_shards)
   return trainer, evaluator
+
+
+def _loop_ends(config: CoordinatorConfig) -> loop_ends.LoopEnds:
+  """Loops end on checkpoint boundaries, up to less than half a closure short."""
+  return loop_ends.LoopEnds(
+      config.steps_per_loop, config.checkpoint_interval,
+      slack=loop_ends.slack_for(config.steps_per_closure, config.checkpoint_interval))
 
 
 def _train_steps(config: CoordinatorConfig, ledger) -> int:
@@ -337,11 +342,12 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
   with runtime.strategy.scope():
     checkpoint = tf.train.Checkpoint(global_step=global_step, **experiment.checkpoint_items,
                                      **input_items)
+  ends = _loop_ends(config)
   manager = checkpoints.Manager(
       checkpoint, config.model_dir, asynchronous=config.async_checkpoint,
       before_save=[trainer.input_state.capture] if positioned else [],
       max_to_keep=config.max_to_keep, step_counter=global_step,
-      checkpoint_interval=config.checkpoint_interval)
+      checkpoint_interval=config.checkpoint_interval, save_due=ends.save_due)
   with _classified_errors("preparing the experiment"):
     sentinels = ps_state.PsSentinels(runtime.cluster)
   guard = loop_guard.LoopGuard(interrupts=interrupts, manager=manager,
@@ -362,8 +368,7 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
     controller = _Controller(
         experiment_name=config.experiment, global_step=global_step, trainer=measured,
         evaluator=evaluator, strategy=runtime.strategy,
-        steps_per_loop=lambda step: _loop_size(
-            int(step), config.steps_per_loop, config.checkpoint_interval),
+        steps_per_loop=lambda step: ends.next_loop(int(step)),
         checkpoint_manager=manager, enable_async_checkpointing=config.async_checkpoint,
         summary_dir=config.model_dir,
         eval_summary_dir=os.path.join(config.model_dir, "eval"))
@@ -375,8 +380,8 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
     if isinstance(trainer, trainer_lib.PSTrainer):
       trainer.target = train_steps
     if controller.restored is None and config.mode != Mode.EVAL:
-      # A first checkpoint at the start: later saves then fall on multiples
-      # of checkpoint_interval (CheckpointManager always saves its first).
+      # A first checkpoint at the start: later saves then follow the loops
+      # that reach checkpoint boundaries (CheckpointManager always saves its first).
       manager.save(checkpoint_number=start_step, check_interval=False)
     # For watchers (tfps chaos/bench) and the event log: a coordinator started
     # here, at this step (from a checkpoint, or from scratch at 0).

@@ -7,12 +7,12 @@ several remote closures of at most `steps_per_closure` steps each (a
 worker is busy, followed by one `join()`. `train_loop_begin`, `train_step`
 and `train_loop_end` are the wrapped trainer's own, unchanged.
 
-Each closure is one of three functions (`coordinator.closures`): the
+Each closure is one of two functions (`coordinator.closures`): the
 closure of `steps_per_closure` steps with its steps written out (no loop
-with the defaults: the cheapest per step, the dearest to trace), a
-fast-start closure of the same size with a few steps per loop iteration,
-and a looped one for every other size. The steps and their order are those
-of a one-step loop in each; only their cost differs.
+with the defaults: the cheapest per step, the dearest to trace), and a
+looped one of any size with a few steps per loop iteration (the fast
+start's full-size closure, and every other size's). The steps and their
+order are those of a one-step loop in each; only their cost differs.
 
     trainer = PSTrainer(MyTrainer(...), runtime, steps_per_closure=50)
 
@@ -122,7 +122,8 @@ class PSTrainer(orbit.StandardTrainer):
   def __init__(self, trainer: orbit.StandardTrainer, runtime: strategy_lib.PSRuntime, *,
                steps_per_closure: int, pause: Callable[[], bool] | None = None,
                unroll: int = DEFAULT_UNROLL, global_step: tf.Variable | None = None,
-               input_shards: int | None = None, looped_seconds: float = 0.0):
+               input_shards: int | None = None, looped_seconds: float = 0.0,
+               loop_slack: int = 0):
     """`pause()` true: schedule no more closures this loop (an interrupt is pending).
 
     `unroll`: steps per while-loop iteration inside a closure (see the module
@@ -134,6 +135,11 @@ class PSTrainer(orbit.StandardTrainer):
     every loop it is set back by the steps that TensorFlow re-executed when it
     retried a failed closure, so it counts each scheduled step once.
     `input_shards`: shards of a finite input (default: about one closure each).
+    `loop_slack`: with positioned input and `target` set, a loop whose planned
+    closures are scheduled ends up to this many steps short rather than
+    schedule another closure for a shard's tail (`coordinator.loop_ends`; the
+    Controller then asks for them in the next loop); never the loop that
+    reaches `target`. 0: every loop trains exactly its steps.
     """
     if not isinstance(trainer, orbit.StandardTrainer):
       raise errors.UsageError(
@@ -153,6 +159,9 @@ class PSTrainer(orbit.StandardTrainer):
         trainer, "global_step", None)
     self._input_shards = input_shards
     self._looped_seconds = looped_seconds
+    if isinstance(loop_slack, bool) or not isinstance(loop_slack, int) or loop_slack < 0:
+      raise errors.UsageError(f"loop_slack ({loop_slack!r}) must be a non-negative integer")
+    self._loop_slack = loop_slack
     self.full_closure_ready = threading.Event()  # Full-size closures are written out.
     self._warm: closures_lib.WarmClosures | None = None  # Positioned input, once looping.
     self.closures_scheduled = 0
@@ -253,7 +262,7 @@ class PSTrainer(orbit.StandardTrainer):
           closures, strategy, coordinator, ready=self.full_closure_ready,
           looped_seconds=self._looped_seconds if closures.has_fast_start else 0.0)
 
-    def sources(iterator, num_steps: int):
+    def sources(iterator, num_steps: int, start_step: int | None):
       """(size, closure arguments, chunk) of each closure of the loop, taken as scheduled."""
       sizes = plan_closures(num_steps, self._steps_per_closure, self._runtime.num_workers)
       if self._positioned is None:
@@ -261,7 +270,15 @@ class PSTrainer(orbit.StandardTrainer):
           yield size, (iterator,), None
         return
       ledger, left = self.ensure_ledger(), num_steps
-      while left > 0:  # A chunk ends at its shard's end: maybe more closures than sizes.
+      # A chunk ends at its shard's end: maybe more closures than sizes, unless
+      # the loop may end short of its steps (`loop_slack`).
+      slack = 0 if self.target is None or start_step is None or (
+          start_step + num_steps >= self.target) else self._loop_slack
+      taken = 0
+      while left > 0:
+        if taken >= len(sizes) and left <= slack:
+          return  # The next loop trains them: no closure for a shard's tail.
+        taken += 1
         chunk = ledger.take(min(sizes[0], left))
         left -= chunk.count
         yield chunk.count, (tf.constant(chunk.shard, tf.int64),
@@ -276,7 +293,7 @@ class PSTrainer(orbit.StandardTrainer):
           self._warm.before_loop(written_out=use_full)
       # Traced in scope so that the trainer sees the strategy it was built in.
       with strategy.scope():
-        for size, source, chunk in sources(iterator, int(num_steps)):
+        for size, source, chunk in sources(iterator, int(num_steps), start_step):
           with _step_log_errors():  # Traced at the first schedule.
             remote = closures.schedule(coordinator, size, use_full, source)
           scheduled.append((size, remote))
