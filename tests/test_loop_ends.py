@@ -27,13 +27,17 @@ def test_a_loop_short_of_its_boundary_by_the_slack_reached_it():
   assert ends.next_loop(199) == 200
   assert ends.save_due(398, 199) and ends.next_loop(398) == 200
   # Further short than the slack: the boundary is still ahead.
-  assert not ends.save_due(175, 0) and ends.next_loop(175) == 25
+  assert not ends.save_due(151, 0) and ends.next_loop(151) == 49
   assert ends.save_due(176, 0) and ends.next_loop(176) == 200
 
 
-def test_every_loop_asks_for_more_than_the_slack():
+def test_no_loop_of_a_few_steps_to_reach_a_boundary_left_just_ahead():
   ends = loop_ends.LoopEnds(steps_per_loop=200, checkpoint_interval=200, slack=24)
-  assert min(ends.next_loop(step) for step in range(2000)) == 25
+  # 25 short of 200 (not reached): a loop of 200 passes it and saves, no loop of 25.
+  assert ends.next_loop(175) == 200 and ends.save_due(375, 175 - 1)
+  assert min(ends.next_loop(step) for step in range(2000)) == 49
+  exact = loop_ends.LoopEnds(steps_per_loop=200, checkpoint_interval=200)
+  assert exact.next_loop(190) == 10  # Without slack loops land on boundaries.
 
 
 def test_a_run_of_loops_ending_short_saves_once_per_boundary():
@@ -44,8 +48,8 @@ def test_a_run_of_loops_ending_short_saves_once_per_boundary():
     if ends.save_due(step, last_saved):
       last_saved = step
       saves.append(step)
-  # 24 short of a 200-step loop is 28 short of its boundary (772): a loop of 28 reaches it.
-  assert saves == [199, 399, 596, 800, 999, 1197]
+  # 24 short of a 200-step loop is 28 short of its boundary (772): the next loop passes it.
+  assert saves == [199, 399, 596, 972, 1171, 1369]
   assert [ends.boundaries_reached(step) for step in saves] == [1, 2, 3, 4, 5, 6]
 
 

@@ -139,7 +139,7 @@ def test_a_looped_start_writes_out_after_its_time_and_reads_each_batch_once(runt
       trainer, dataclasses.replace(runtime, coordinator=closures), steps_per_closure=10,
       looped_seconds=1e-9)  # Past once the first loop ends.
   ps_trainer.train(tf.constant(20))  # Fast-start closures.
-  assert closures.names == ["looped_closure"] * 2 and ps_trainer.full_closure_ready.is_set()
+  assert closures.names == ["fast_closure"] * 2 and ps_trainer.full_closure_ready.is_set()
   assert ps_trainer.last_loop.looped  # Its progress record says so (not full speed).
   assert not ps_trainer.workers_kept_warm
   ps_trainer.train(tf.constant(40))  # The rest of the epoch, written out.
@@ -181,7 +181,7 @@ def test_a_loop_ends_at_a_shard_tail_instead_of_a_closure_for_it(runtime):
   closures = _ClosureLog(runtime.coordinator)
   ps_trainer, counts = _tail_trainer(runtime, closures, target=28)
   ps_trainer.train(tf.constant(20))  # Shards 0 and 1 (10 + 9): 1 step short, within 4.
-  assert closures.names == ["full_closure", "looped_closure"]
+  assert closures.names == ["full_closure", "other_closure"]
   assert int(ps_trainer.trainer.global_step.numpy()) == ps_trainer.ledger.taken == 19
   ps_trainer.train(tf.constant(9))  # Reaches the target: exact.
   assert int(ps_trainer.trainer.global_step.numpy()) == 28
@@ -192,7 +192,7 @@ def test_the_loop_that_reaches_the_target_trains_all_its_steps(runtime):
   closures = _ClosureLog(runtime.coordinator)
   ps_trainer, counts = _tail_trainer(runtime, closures, target=20)
   ps_trainer.train(tf.constant(20))  # 10 + 9, and the shard tail's 1 in a third closure.
-  assert closures.names == ["full_closure", "looped_closure", "looped_closure"]
+  assert closures.names == ["full_closure", "other_closure", "other_closure"]
   assert [c.count for c in ps_trainer.last_loop.chunks] == [10, 9, 1]
   # Shards 0 and 1 whole (145 and 144 ids), and shard 2's first batch.
   assert int(ps_trainer.trainer.global_step.numpy()) == 20

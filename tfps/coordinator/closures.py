@@ -9,18 +9,17 @@
   50) it has no loop at all, the cheapest form per step measured, and the
   dearest to make ready: tracing it and instantiating it on the workers
   stops training for ~9 s on 2 cores;
-* the looped closure, of any size: its first step, then `FAST_UNROLL`
-  steps per loop iteration, then the rest one at a time; traced once for
-  all sizes. It is the fast start's full-size closure (ready in a fraction
-  of the written-out one's time and ~4 % slower per step, docs/recovery.md
-  "Fast start") and every other size's (a chunk cut short by its shard's
-  end, a loop's last closure, closures shrunk so that each worker gets one).
+* the fast-start closure of the same size, built the same way with
+  `FAST_UNROLL` steps per loop iteration: ready in a fraction of that time
+  and ~4 % slower per step (docs/recovery.md "Fast start");
+* every other size (a loop's last closure, or closures shrunk so that each
+  worker gets one): one step per loop iteration, traced once for all sizes.
 
 All take `train` first: false runs no step and only instantiates the
 function on the worker (a warm-up, `warm_up.train_or_skip`).
 
 `WarmClosures` says which a loop uses. A coordinator trains with the
-looped closure for the seconds `closure_plan.looped_seconds` gives it,
+fast-start closure for the seconds `closure_plan.looped_seconds` gives it,
 then writes out from the next loop (at once when that is 0). The write-out
 is in the foreground: the next loop traces it, and every worker
 instantiates it before its first such closure, all at once. (Tracing it in
@@ -51,14 +50,14 @@ _SKIP_SPECS = (tf.TensorSpec([], tf.bool), tf.TensorSpec([], tf.int64),
                tf.TensorSpec([], tf.int64))
 
 
-# Steps per loop iteration of the looped closure. Measured on the ctr
+# Steps per loop iteration of the fast-start closure. Measured on the ctr
 # (fault-free, 2 cores): 1 runs at ~0.78x the written-out closure's speed,
 # 2-3 at ~0.9x, 5 at ~0.96x, ready in ~3.5 s against ~11 s written out.
 FAST_UNROLL = 5
 
 
 class TrainClosures:
-  """The written-out and the looped closure, over `make_iterator(*source)`."""
+  """The written-out, fast-start and looped closures, over `make_iterator(*source)`."""
 
   def __init__(self, train_step: Callable[[Any], Any], make_iterator: Callable[..., Any], *,
                full_size: int, unroll: int, what: str, fast_unroll: int = FAST_UNROLL):
@@ -84,15 +83,11 @@ class TrainClosures:
       full_closure.__name__ = name  # TF's name for the function, and in logs.
       return full_closure
 
-    def looped_closure(train, num_steps, *source):
+    def other_closure(train, num_steps, *source):
       def steps():
         iterator = make_iterator(*source)
-        # The first step's logs give the structure of the running sums.
         sums = step_logs.start(train_step(iterator), what)
-        for _ in tf.range((num_steps - 1) // fast_unroll):
-          for _ in range(fast_unroll):  # Python: written out in the loop's body.
-            sums = step_logs.add(sums, train_step(iterator), what)
-        for _ in tf.range((num_steps - 1) % fast_unroll):
+        for _ in tf.range(num_steps - 1):
           sums = step_logs.add(sums, train_step(iterator), what)
         return sums
       return warm_up.train_or_skip(train, steps)
@@ -100,31 +95,31 @@ class TrainClosures:
     self._full = tf.function(of_full_size(unroll, "full_closure"))
     # No fast start where the written-out closure is no dearer.
     self.has_fast_start = min(unroll, full_size) > fast_unroll
-    self._looped = tf.function(looped_closure)
+    self._fast = (tf.function(of_full_size(fast_unroll, "fast_closure")) if self.has_fast_start
+                  else self._full)
+    self._other = tf.function(other_closure)
     self._train = tf.constant(True)
 
   def schedule(self, coordinator, size: int, written_out: bool, source: tuple[Any, ...]):
-    """Schedules a closure of `size` steps: written out if it is of full size and
-    `written_out` (or the fast start would be no faster), else looped."""
-    if size == self.full_size and (written_out or not self.has_fast_start):
-      return coordinator.schedule(self._full, args=(self._train, *source))
-    return coordinator.schedule(self._looped,
+    """Schedules a closure of `size` steps: of full size, written out or fast-start."""
+    if size == self.full_size:
+      function = self._full if written_out else self._fast
+      return coordinator.schedule(function, args=(self._train, *source))
+    return coordinator.schedule(self._other,
                                 args=(self._train, tf.constant(size, tf.int32), *source))
 
   def warm_calls(self, written_out: bool = True) -> list[warm_up.Call]:
     """The closures a loop of that kind uses, called to run no step; traces them (in scope).
 
-    Written out: the written-out and the looped closure; else the looped one
-    (the written-out one alone where it is no dearer).
+    Written out: the written-out and the looped closure; else the fast-start one.
     """
     skip = (tf.constant(False), tf.constant(0, tf.int64), tf.constant(0, tf.int64))
-    full = (self._full.get_concrete_function(*_SKIP_SPECS), skip)
-    if not written_out and not self.has_fast_start:
-      return [full]
-    looped = (self._looped.get_concrete_function(_SKIP_SPECS[0], tf.TensorSpec([], tf.int32),
-                                                 *_SKIP_SPECS[1:]),
-              (skip[0], tf.constant(1, tf.int32), *skip[1:]))
-    return [full, looped] if written_out else [looped]
+    if not written_out:
+      return [(self._fast.get_concrete_function(*_SKIP_SPECS), skip)]
+    return [(self._full.get_concrete_function(*_SKIP_SPECS), skip),
+            (self._other.get_concrete_function(_SKIP_SPECS[0], tf.TensorSpec([], tf.int32),
+                                               *_SKIP_SPECS[1:]),
+             (skip[0], tf.constant(1, tf.int32), *skip[1:]))]
 
 
 class WarmClosures:

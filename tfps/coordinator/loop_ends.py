@@ -46,8 +46,16 @@ class LoopEnds:
     return (step + self.slack) // self.checkpoint_interval
 
   def next_loop(self, step: int) -> int:
-    """Steps the loop starting at `step` asks for: up to the next boundary not yet reached."""
+    """Steps the loop starting at `step` asks for: up to the next boundary not yet reached.
+
+    Where loops that ended short left that boundary only a few steps ahead
+    (at most twice the slack), the loop aims at the one after: a loop of a
+    few steps would cost a loop's overhead and leave its shards' chunks
+    starting mid-shard. It saves all the same, having passed a boundary.
+    """
     to_boundary = (self.boundaries_reached(step) + 1) * self.checkpoint_interval - step
+    if to_boundary <= 2 * self.slack:
+      to_boundary += self.checkpoint_interval
     return max(1, min(self.steps_per_loop, to_boundary))
 
   def save_due(self, step: int, last_saved: int) -> bool:

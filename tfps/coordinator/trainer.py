@@ -7,12 +7,12 @@ several remote closures of at most `steps_per_closure` steps each (a
 worker is busy, followed by one `join()`. `train_loop_begin`, `train_step`
 and `train_loop_end` are the wrapped trainer's own, unchanged.
 
-Each closure is one of two functions (`coordinator.closures`): the
+Each closure is one of three functions (`coordinator.closures`): the
 closure of `steps_per_closure` steps with its steps written out (no loop
-with the defaults: the cheapest per step, the dearest to trace), and a
-looped one of any size with a few steps per loop iteration (the fast
-start's full-size closure, and every other size's). The steps and their
-order are those of a one-step loop in each; only their cost differs.
+with the defaults: the cheapest per step, the dearest to trace), a
+fast-start closure of the same size with a few steps per loop iteration,
+and a looped one for every other size. The steps and their order are those
+of a one-step loop in each; only their cost differs.
 
     trainer = PSTrainer(MyTrainer(...), runtime, steps_per_closure=50)
 
