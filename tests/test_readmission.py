@@ -98,6 +98,17 @@ def test_looped_loops_are_compared_with_looped_ones():
   assert readmission.seconds_lost(run.records) == pytest.approx(0.0, abs=0.05)
 
 
+def test_looped_loops_are_compared_with_the_latest_looped_ones_however_far_back():
+  # Looped at 395 with every ps, then 1,000 written-out loops at 400 (the window's worth):
+  # measured in a 4-fault run, the last coordinator looped on one ps at 0.87 of the run.
+  run = Run().coordinator().loops(20, 395, looped=True).loops(1000, 400)
+  without_ps0(run).loops(100, 345, looped=True)
+  # 345/395 is 0.873 (7.7 % beyond the noise, over the 99 s after its first loop). Against
+  # 0.96 x 400 (the measured looped speed) it would be 0.898 and 5.1 s: not yet a restart.
+  assert readmission.seconds_lost(run.records) == pytest.approx(0.077 * 99, rel=0.02)
+  assert readmission.due(run.records)
+
+
 def test_an_odd_slow_loop_is_not_the_missing_ps():
   run = without_ps0(Run().coordinator().loops(20, 400)).loops(10, 400)
   run.loops(1, 40, seconds=10.0)  # A paused worker, say.

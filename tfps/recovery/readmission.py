@@ -76,12 +76,17 @@ def _without_ps(restore: progress_log.Progress | None) -> bool:
   return restore is not None and any(_is_ps(name) for name in restore.left_out)
 
 
-def _loops_on_every_ps(coordinators, count: int) -> list[progress_log.Loop]:
-  """The latest `count` loops of the run's earlier coordinators that ran with every ps."""
+def _loops_on_every_ps(coordinators, count: int,
+                       looped: bool | None = None) -> list[progress_log.Loop]:
+  """The latest `count` loops of the run's earlier coordinators that ran with every ps
+  (only looped ones, or only written-out ones, when `looped` says which)."""
   latest: list[progress_log.Loop] = []
   for restore, loops in reversed(coordinators[:-1]):
     if restore is not None and not _without_ps(restore):
-      latest[:0] = loops[-(count - len(latest)):]
+      if looped is not None:
+        loops = [loop for loop in loops if loop.looped == looped]
+      if loops:
+        latest[:0] = loops[-(count - len(latest)):]
       if len(latest) >= count:
         break
   return latest
@@ -102,10 +107,12 @@ def _seconds_lost(coordinators, costs: ReadmitCosts) -> float | None:
   if not coordinators or not _without_ps(coordinators[-1][0]):
     return None
   current = coordinators[-1][1]
-  full = _loops_on_every_ps(coordinators, costs.window)
-  if len(current) < costs.min_loops or not full:
+  if len(current) < costs.min_loops or not _loops_on_every_ps(coordinators, 1):
     return None
-  full_rates = {kind: [loop.steps_per_sec for loop in full if loop.looped == kind]
+  # Each kind against its own latest loops with every ps, however far back:
+  # the measured looped speed stands in only for a kind never run with every ps.
+  full_rates = {kind: [loop.steps_per_sec
+                       for loop in _loops_on_every_ps(coordinators, costs.window, kind)]
                 for kind in (True, False)}
   looped_speed = closure_plan.MEASURED.looped_speed
 
