@@ -45,9 +45,10 @@ class ReadmitCosts:
   ps failover and those after its ps was taken back), and it cannot be told
   from the missing ps's doing. `min_loops`: loops of the coordinator
   without the ps before its speed is judged at all. `window`: the latest
-  loops compared on either side: the speeds of now rather than of hours ago,
-  and a judgement (every probe, while a ps is out) whose cost does not grow
-  with the run."""
+  loops compared on either side (of each kind, looped or written out, on
+  every ps): the speeds of now rather than of hours ago, and a judgement
+  (every probe, while a ps is out) that reads no more loops than that,
+  unless one kind is rare and must be looked for further back."""
 
   restart_seconds: float = 6.0
   speed_noise: float = 0.05
@@ -80,16 +81,16 @@ def _loops_on_every_ps(coordinators, count: int,
                        looped: bool | None = None) -> list[progress_log.Loop]:
   """The latest `count` loops of the run's earlier coordinators that ran with every ps
   (only looped ones, or only written-out ones, when `looped` says which)."""
-  latest: list[progress_log.Loop] = []
+  latest: list[progress_log.Loop] = []  # Newest first.
   for restore, loops in reversed(coordinators[:-1]):
-    if restore is not None and not _without_ps(restore):
-      if looped is not None:
-        loops = [loop for loop in loops if loop.looped == looped]
-      if loops:
-        latest[:0] = loops[-(count - len(latest)):]
-      if len(latest) >= count:
-        break
-  return latest
+    if restore is None or _without_ps(restore):
+      continue
+    for loop in reversed(loops):
+      if looped is None or loop.looped == looped:
+        latest.append(loop)
+        if len(latest) >= count:
+          return latest[::-1]
+  return latest[::-1]
 
 
 def seconds_lost(records: Sequence[progress_log.Progress],
