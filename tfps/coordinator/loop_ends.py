@@ -59,5 +59,5 @@ class LoopEnds:
     return max(1, min(self.steps_per_loop, to_boundary))
 
   def save_due(self, step: int, last_saved: int) -> bool:
-    """True when the loop that ended at `step` reached a boundary the save at `last_saved` had not."""
+    """True when the loop ending at `step` reached a boundary the save at `last_saved` had not."""
     return self.boundaries_reached(step) > self.boundaries_reached(last_saved)

@@ -81,10 +81,11 @@ class _RoutineLines(py_logging.Filter):
   the chief saves, or one that ended at a shard's end a few steps short
   (`coordinator.loop_ends`), trained in the next loop. TensorFlow's
   asynchronous checkpoint writer says three lines per save (started, synced,
-  its counter); Orbit's "saved checkpoint" line stays. TensorFlow's warning that a strategy method runs outside
-  `ClusterCoordinator.schedule` comes once per traced step (dozens at every
-  coordinator start), also when the trace is schedule()'s own: it is kept
-  once, since a user's own call outside schedule() would say the same.
+  its counter); Orbit's "saved checkpoint" line stays. TensorFlow's warning
+  that a strategy method runs outside `ClusterCoordinator.schedule` comes
+  once per traced step (dozens at every coordinator start), also when the
+  trace is schedule()'s own: it is kept once, since a user's own call outside
+  schedule() would say the same.
   """
 
   _DROPPED = ("did not update `global_step`", "Starting async checkpoint save",
@@ -147,7 +148,7 @@ def _looped_seconds(config: CoordinatorConfig) -> float:
 
 
 def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntime,
-           config: CoordinatorConfig, pause):
+           config: CoordinatorConfig, pause, ends: loop_ends.LoopEnds):
   """The experiment's trainer/evaluator made PS-aware; None where the mode needs none."""
   trainer = experiment.trainer if config.mode != Mode.EVAL else None
   evaluator = experiment.evaluator if config.mode != Mode.TRAIN else None
@@ -156,7 +157,7 @@ def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntim
                                     looped_seconds=_looped_seconds(config), pause=pause,
                                     global_step=experiment.global_step,
                                     input_shards=getattr(config, "input_shards", None),
-                                    loop_slack=_loop_ends(config).slack)
+                                    loop_slack=ends.slack)
   if isinstance(evaluator, orbit.StandardEvaluator):
     evaluator = evaluator_lib.PSEvaluator(evaluator, runtime, num_shards=config.eval_shards)
   return trainer, evaluator
@@ -333,8 +334,10 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
   experiment = experiment_lib.build(factory, context, name=config.experiment,
                                     partitioned=runtime.partitioned)
   _require_parts(config, experiment)
+  ends = _loop_ends(config)  # Where loops end and which saves (trainer, manager, controller).
   with _classified_errors("preparing the experiment"):
-    trainer, evaluator = _adapt(experiment, runtime, config, pause=lambda: interrupts.pending)
+    trainer, evaluator = _adapt(experiment, runtime, config, pause=lambda: interrupts.pending,
+                                ends=ends)
   global_step = experiment.global_step
   positioned = isinstance(trainer, trainer_lib.PSTrainer) and trainer.positioned
   # The input's position is saved and restored with the model (coordinator.ledger).
@@ -342,7 +345,6 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
   with runtime.strategy.scope():
     checkpoint = tf.train.Checkpoint(global_step=global_step, **experiment.checkpoint_items,
                                      **input_items)
-  ends = _loop_ends(config)
   manager = checkpoints.Manager(
       checkpoint, config.model_dir, asynchronous=config.async_checkpoint,
       before_save=[trainer.input_state.capture] if positioned else [],
