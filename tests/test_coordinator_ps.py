@@ -5,11 +5,13 @@ module-scoped cluster; each `run_coordinator` builds its own strategy on it, as 
 restarted coordinator would.
 """
 
+import gc
 import glob
 import json
 import logging
 import os
 import threading
+import weakref
 
 import numpy as np
 import orbit
@@ -625,6 +627,12 @@ def test_an_async_save_returns_before_the_write_and_writes_the_state_it_was_give
   held.release.set()
   manager.sync()
   assert manager.latest_checkpoint == path
+  writer = weakref.ref(checkpoint._async_checkpointer_impl)
+  manager.close()
+  gc.collect()
+  # Nothing keeps TF's writer (and the function it traced on this cluster) past close:
+  # TF's exit hook would, and remove the function at exit from whatever cluster is then connected.
+  assert writer() is None
 
   restored = positioned.LedgerState()
   with runtime.strategy.scope():
@@ -660,6 +668,7 @@ def test_a_failed_background_write_is_raised_by_sync_and_not_indexed(runtime, tm
   with pytest.raises(tf.errors.UnavailableError, match="ps:0 is gone"):
     manager.save_now(1)
   assert manager.latest_checkpoint is None
+  manager.close()  # The error was raised once; closing does not raise it again.
 
 
 def test_the_checkpoint_cost_bench_times_both_kinds_of_save(runtime, tmp_path, caplog):
@@ -721,6 +730,7 @@ def test_a_ps_that_lost_its_variables_ends_the_loop_retryable_after_a_save(runti
   assert str(e.value).endswith(f"at step 7; saved {tmp_path}/saved/ckpt-7 first")
   assert manager.latest_checkpoint == f"{tmp_path}/saved/ckpt-7"
   assert e.value.exit_code == errors.ExitCode.CLUSTER_LOST
+  manager.close()
 
   # The checkpoint needs that ps: no save (and no partial checkpoint), still retryable.
   (tmp_path / "unsaved").mkdir()
@@ -729,6 +739,7 @@ def test_a_ps_that_lost_its_variables_ends_the_loop_retryable_after_a_save(runti
                                                  r"\(FailedPreconditionError: Resource gone"):
     guard.after_loop(7)
   assert manager.latest_checkpoint is None
+  manager.close()
 
 
 def test_the_chief_log_drops_routine_lines_only():

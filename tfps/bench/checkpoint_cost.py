@@ -106,6 +106,7 @@ def _measure(runtime, sizes: tuple[int, ...], work_dir: str, repeats: int) -> li
       copies.append(_timed(update) - _timed(update))  # The first would pay a copy-on-write.
       manager.sync()
       writes.append(time.perf_counter() - start)
+    manager.close()
     shutil.rmtree(directory, ignore_errors=True)
 
     row.update(save_seconds=round(statistics.median(saves), 3),

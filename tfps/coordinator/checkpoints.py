@@ -17,6 +17,7 @@ for the last, and every save that must be on disk before the process acts
 on it (a preemption notice, SIGTERM, the end of training) is followed by one.
 """
 
+import atexit
 import copy
 import os
 import tempfile
@@ -135,6 +136,25 @@ class Manager(tf.train.CheckpointManager):
     writer = getattr(self.checkpoint, "_async_checkpointer_impl", None)
     if writer is not None:
       writer._check_async_thread_error()  # pylint: disable=protected-access
+
+  def close(self) -> None:
+    """Waits for the last write, then ends TensorFlow's writer thread and lets it go.
+
+    TensorFlow's asynchronous writer registers an exit hook that keeps it, and
+    the function it traced on the cluster, alive until the process ends. By
+    then that cluster is gone or another one is connected (one test process
+    runs many), and removing the function fails with a gRPC error per task.
+    Closed, the writer goes now, while its cluster still answers; a later
+    save would start a new one.
+    """
+    try:
+      self.sync()  # Raises a failed write's error (TensorFlow then forgets it).
+    finally:
+      writer = getattr(self.checkpoint, "_async_checkpointer_impl", None)
+      if writer is not None:
+        self.checkpoint._async_checkpointer_impl = None  # pylint: disable=protected-access
+        atexit.unregister(writer._join_async_save_thread)  # pylint: disable=protected-access
+        writer._join_async_save_thread()  # pylint: disable=protected-access
 
   def save_now(self, checkpoint_number: int) -> str:
     """Saves and returns once the checkpoint is complete on disk."""

@@ -414,7 +414,7 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
       with _classified_errors("evaluation"):
         eval_output = controller.evaluate(steps=eval_steps)
     with _classified_errors("writing the last checkpoint"):
-      manager.sync()  # Training's last save is on disk before the result says so.
+      manager.close()  # Training's last save is on disk before the result says so.
 
   return CoordinatorResult(
       status=RunStatus.FINISHED, experiment=config.experiment, mode=config.mode,
