@@ -111,7 +111,7 @@ class TrainClosures:
   def warm_calls(self, written_out: bool = True) -> list[warm_up.Call]:
     """The closures a loop of that kind uses, called to run no step; traces them (in scope).
 
-    Written out: the written-out and the looped closure; else the fast-start one.
+    Written out: the written-out closure and the one for other sizes; else the fast-start one.
     """
     skip = (tf.constant(False), tf.constant(0, tf.int64), tf.constant(0, tf.int64))
     if not written_out:

@@ -108,13 +108,15 @@ def _seconds_lost(coordinators, costs: ReadmitCosts) -> float | None:
   if not coordinators or not _without_ps(coordinators[-1][0]):
     return None
   current = coordinators[-1][1]
-  if len(current) < costs.min_loops or not _loops_on_every_ps(coordinators, 1):
+  if len(current) < costs.min_loops:
     return None
   # Each kind against its own latest loops with every ps, however far back:
   # the measured looped speed stands in only for a kind never run with every ps.
   full_rates = {kind: [loop.steps_per_sec
                        for loop in _loops_on_every_ps(coordinators, costs.window, kind)]
                 for kind in (True, False)}
+  if not (full_rates[True] or full_rates[False]):
+    return None  # The run never trained with every ps.
   looped_speed = closure_plan.MEASURED.looped_speed
 
   def full_rate(looped: bool) -> float:
