@@ -28,7 +28,7 @@ from tfps.coordinator import api
 EVERY_SETTING = {
     "experiment": "pkg.mod:factory", "experiment_params": "a=1,b=x:y", "mode": "train",
     "input_shards": "9", "steps_per_loop": "33", "steps_per_closure": "11",
-    "fast_start": "false", "async_checkpoint": "false",
+    "fast_start": "false", "trace_cache": "false", "async_checkpoint": "false",
     "checkpoint_interval": "99", "max_to_keep": "7", "eval_steps": "5", "eval_interval": "88",
     "eval_shards": "3", "global_batch_size": "96", "seed": "4", "ready_timeout": "77.5",
     "min_shard_bytes": "1234", "ps_timeout": "66.5", "max_restarts": "5",

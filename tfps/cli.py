@@ -121,6 +121,10 @@ flags.DEFINE_bool("fast_start", True,
                   "iteration: ready in seconds, ~4% slower) and write the closures out once "
                   "it has lived long enough to repay it, or at once when this run's recent "
                   "coordinators lived that long.")
+flags.DEFINE_bool("trace_cache", True,
+                  "Store the traced train closures in model_dir/traces, so that a restarted "
+                  "coordinator of the same program and configuration rebuilds them in a "
+                  "fraction of a second instead of tracing them again.")
 flags.DEFINE_integer("checkpoint_interval", 200,
                      "Save a checkpoint every this many steps: the steps a ps or chief loss "
                      "can roll back (an asynchronous save stops training for milliseconds).")

@@ -35,7 +35,7 @@ class RunSpec:
 
   Attributes (the flags' help says more):
     experiment, experiment_params, model_dir, mode, train_steps,
-    train_epochs, input_shards, steps_per_loop, steps_per_closure, fast_start,
+    train_epochs, input_shards, steps_per_loop, steps_per_closure, fast_start, trace_cache,
     checkpoint_interval, async_checkpoint, max_to_keep, eval_steps, eval_interval, eval_shards,
     global_batch_size, seed, ready_timeout, min_shard_bytes (0: never
     split), ps_timeout (0: no deadline): the coordinator's (`CoordinatorConfig`).
@@ -58,6 +58,7 @@ class RunSpec:
   steps_per_loop: int = 200
   steps_per_closure: int = 50
   fast_start: bool = True
+  trace_cache: bool = True
   checkpoint_interval: int = 200
   async_checkpoint: bool = True
   max_to_keep: int = 3
@@ -111,7 +112,8 @@ class RunSpec:
     if self.ps_readmit not in {r.value for r in readmission.Readmit}:
       allowed = ", ".join(r.value for r in readmission.Readmit)
       raise errors.UsageError(f"ps_readmit ({self.ps_readmit!r}) must be one of {allowed}")
-    for name in ("warm_standby", "fast_start", "async_checkpoint", "ps_failover"):
+    for name in ("warm_standby", "fast_start", "trace_cache", "async_checkpoint",
+                 "ps_failover"):
       if not isinstance(getattr(self, name), bool):
         raise errors.UsageError(f"{name} ({getattr(self, name)!r}) must be true or false")
     object.__setattr__(self, "exclude_tasks", tuple(self.exclude_tasks))
@@ -168,6 +170,7 @@ class RunSpec:
 
 _CHIEF_FIELDS = ("experiment", "experiment_params", "mode", "train_steps", "train_epochs",
                  "input_shards", "steps_per_loop", "steps_per_closure", "fast_start",
+                 "trace_cache",
                  "checkpoint_interval", "async_checkpoint", "max_to_keep", "eval_steps",
                  "eval_interval", "eval_shards", "global_batch_size", "seed", "ready_timeout")
 _POSITIVE_INTS = ("train_steps", "train_epochs", "input_shards", "steps_per_loop",

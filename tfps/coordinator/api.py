@@ -181,6 +181,9 @@ class CoordinatorConfig:
     fast_start: start with the fast-start closures and write out once the
       coordinator has lived long enough to repay it, or at once after
       long-lived coordinators (`coordinator.closure_plan`).
+    trace_cache: store the traced train closures in `model_dir/traces` and
+      rebuild them from there in later coordinators of the same program and
+      configuration instead of tracing them (`coordinator.trace_cache`).
     ps_timeout: seconds a ps may not answer before the run counts it lost
       and exits 170 (a partition hangs TF instead of failing it, see
       `coordinator.ps_deadline`); None: no deadline.
@@ -203,6 +206,7 @@ class CoordinatorConfig:
   steps_per_loop: int = 100
   steps_per_closure: int = 50
   fast_start: bool = True
+  trace_cache: bool = True
   checkpoint_interval: int = 200
   async_checkpoint: bool = True
   max_to_keep: int = 3
@@ -242,7 +246,7 @@ class CoordinatorConfig:
                  "train_epochs", "input_shards"):
       if getattr(self, name) is not None:
         _positive_int(name, getattr(self, name))
-    for name in ("fast_start", "async_checkpoint"):
+    for name in ("fast_start", "trace_cache", "async_checkpoint"):
       if not isinstance(getattr(self, name), bool):
         raise errors.UsageError(f"{name} ({getattr(self, name)!r}) must be true or false")
     if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:

@@ -64,6 +64,10 @@ class SwitchCosts:
 
 
 MEASURED = SwitchCosts()
+# A write-out whose closures an earlier coordinator traced (`trace_cache`):
+# only the workers' instantiation is left (first loop ~7.1 s against ~2.2 s
+# for the stored fast start; docs/recovery.md "Stored traces").
+STORED = SwitchCosts(write_out_seconds=4.9)
 # The recent coordinators whose lives predict the next one's.
 RECENT = 5
 # The latest loops whose median speed says how long the training left takes.

@@ -18,6 +18,10 @@
 All take `train` first: false runs no step and only instantiates the
 function on the worker (a warm-up, `warm_up.train_or_skip`).
 
+With a `trace_cache.TraceCache` (positioned input), each is traced at most
+once per run: a closure an earlier coordinator traced is rebuilt from its
+stored graph, and one traced here is stored for the next coordinator.
+
 `WarmClosures` says which a loop uses. A coordinator trains with the
 fast-start closure for the seconds `closure_plan.looped_seconds` gives it,
 then writes out from the next loop (at once when that is 0). The write-out
@@ -43,11 +47,15 @@ import tensorflow as tf
 
 from tfps.coordinator import closure_plan
 from tfps.coordinator import step_logs
+from tfps.coordinator import trace_cache as trace_cache_lib
 from tfps.coordinator import warm_up
 
 # A positioned closure's arguments for a warm-up (nothing is read), and their specs.
 _SKIP_SPECS = (tf.TensorSpec([], tf.bool), tf.TensorSpec([], tf.int64),
                tf.TensorSpec([], tf.int64))
+# Each kind's positioned arguments: the other sizes' take their size second.
+_SPECS = {"full": _SKIP_SPECS, "fast": _SKIP_SPECS,
+          "other": (_SKIP_SPECS[0], tf.TensorSpec([], tf.int32), *_SKIP_SPECS[1:])}
 
 
 # Steps per loop iteration of the fast-start closure. Measured on the ctr
@@ -60,7 +68,10 @@ class TrainClosures:
   """The written-out, fast-start and looped closures, over `make_iterator(*source)`."""
 
   def __init__(self, train_step: Callable[[Any], Any], make_iterator: Callable[..., Any], *,
-               full_size: int, unroll: int, what: str, fast_unroll: int = FAST_UNROLL):
+               full_size: int, unroll: int, what: str, fast_unroll: int = FAST_UNROLL,
+               cache: trace_cache_lib.TraceCache | None = None, variables_root: Any = None):
+    """`cache`: where traces are stored and found (positioned arguments only);
+    `variables_root` tracks every variable the closures capture (`trace_cache`)."""
     self.full_size = full_size
 
     def of_full_size(unroll: int, name: str):
@@ -92,20 +103,60 @@ class TrainClosures:
         return sums
       return warm_up.train_or_skip(train, steps)
 
-    self._full = tf.function(of_full_size(unroll, "full_closure"))
     # No fast start where the written-out closure is no dearer.
     self.has_fast_start = min(unroll, full_size) > fast_unroll
-    self._fast = (tf.function(of_full_size(fast_unroll, "fast_closure")) if self.has_fast_start
-                  else self._full)
-    self._other = tf.function(other_closure)
+    self._functions = {"full": tf.function(of_full_size(unroll, "full_closure")),
+                       "other": tf.function(other_closure)}
+    if self.has_fast_start:
+      self._functions["fast"] = tf.function(of_full_size(fast_unroll, "fast_closure"))
     self._train = tf.constant(True)
+    self._cache = cache
+    self._variables_root = variables_root
+    self._concrete: dict[str, Any] = {}
+    self._stored: set[str] = set()  # Kinds rebuilt from the cache, not traced here.
+    self._missing: set[str] = set()  # Kinds the cache has no valid trace of.
+
+  def _kind(self, kind: str) -> str:
+    return "full" if kind == "fast" and not self.has_fast_start else kind
+
+  def _load(self, kind: str) -> bool:
+    """Rebuilds `kind` from the cache once, if stored there; whether it now is."""
+    if kind not in self._concrete and kind not in self._missing and self._cache is not None:
+      function = self._cache.load(kind, _SPECS[kind], self._variables_root)
+      if function is None:
+        self._missing.add(kind)
+      else:
+        self._concrete[kind] = function
+        self._stored.add(kind)
+        logging.info("%s closure rebuilt from the trace an earlier coordinator stored", kind)
+    return kind in self._stored
+
+  def concrete(self, kind: str):
+    """The `ConcreteFunction` of `kind` (full, fast or other), rebuilt or traced once."""
+    kind = self._kind(kind)
+    if not self._load(kind) and kind not in self._concrete:
+      function = self._functions[kind].get_concrete_function(*_SPECS[kind])
+      if self._cache is not None:
+        self._cache.save(kind, function, self._variables_root)
+      self._concrete[kind] = function
+    return self._concrete[kind]
+
+  def write_out_stored(self) -> bool:
+    """Whether an earlier coordinator's traces make the write-out cheap (rebuilds
+    them if so; traces nothing)."""
+    return self.has_fast_start and self._load("full") and self._load("other")
+
+  def _scheduled(self, kind: str):
+    # Without a cache, the tf.function: schedule() traces it for its arguments
+    # (an iterator, without positioned input).
+    return self.concrete(kind) if self._cache is not None else self._functions[self._kind(kind)]
 
   def schedule(self, coordinator, size: int, written_out: bool, source: tuple[Any, ...]):
     """Schedules a closure of `size` steps: of full size, written out or fast-start."""
     if size == self.full_size:
-      function = self._full if written_out else self._fast
+      function = self._scheduled("full" if written_out else "fast")
       return coordinator.schedule(function, args=(self._train, *source))
-    return coordinator.schedule(self._other,
+    return coordinator.schedule(self._scheduled("other"),
                                 args=(self._train, tf.constant(size, tf.int32), *source))
 
   def warm_calls(self, written_out: bool = True) -> list[warm_up.Call]:
@@ -115,11 +166,9 @@ class TrainClosures:
     """
     skip = (tf.constant(False), tf.constant(0, tf.int64), tf.constant(0, tf.int64))
     if not written_out:
-      return [(self._fast.get_concrete_function(*_SKIP_SPECS), skip)]
-    return [(self._full.get_concrete_function(*_SKIP_SPECS), skip),
-            (self._other.get_concrete_function(_SKIP_SPECS[0], tf.TensorSpec([], tf.int32),
-                                               *_SKIP_SPECS[1:]),
-             (skip[0], tf.constant(1, tf.int32), *skip[1:]))]
+      return [(self.concrete("fast"), skip)]
+    return [(self.concrete("full"), skip),
+            (self.concrete("other"), (skip[0], tf.constant(1, tf.int32), *skip[1:]))]
 
 
 class WarmClosures:

@@ -51,6 +51,7 @@ from tfps.coordinator import progress
 from tfps.coordinator import ps_deadline
 from tfps.coordinator import ps_state
 from tfps.coordinator import strategy as strategy_lib
+from tfps.coordinator import trace_cache
 from tfps.coordinator import trainer as trainer_lib
 from tfps.recovery import notices
 from tfps.base import errors
@@ -137,14 +138,26 @@ class _Controller(orbit.Controller):
     return self.restored
 
 
-def _looped_seconds(config: CoordinatorConfig) -> float:
+def _looped_seconds(config: CoordinatorConfig,
+                    costs: closure_plan.SwitchCosts = closure_plan.MEASURED) -> float:
   """How long this coordinator trains looped before writing out (`closure_plan`)."""
   if not config.fast_start:
     return 0.0
   records = progress_log.ProgressLog(config.model_dir).read_new()  # This run's, so far.
-  return closure_plan.plan(records, events_lib.EventLog(config.model_dir).read(),
+  return closure_plan.plan(records, events_lib.EventLog(config.model_dir).read(), costs,
                            replaced_soon=bool(config.tasks_expected_back),
                            train_steps=config.train_steps)
+
+
+def _trace_cache(config: CoordinatorConfig) -> trace_cache.TraceCache | None:
+  """Where the train closures' traces are kept, for what shapes them (`trace_cache`)."""
+  if not config.trace_cache:
+    return None
+  return trace_cache.TraceCache(
+      os.path.join(config.model_dir, "traces"),
+      {"experiment": config.experiment, "experiment_params": dict(config.experiment_params),
+       "global_batch_size": config.global_batch_size, "seed": config.seed,
+       "min_shard_bytes": config.min_shard_bytes})
 
 
 def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntime,
@@ -157,7 +170,9 @@ def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntim
                                     looped_seconds=_looped_seconds(config), pause=pause,
                                     global_step=experiment.global_step,
                                     input_shards=getattr(config, "input_shards", None),
-                                    loop_slack=ends.slack)
+                                    loop_slack=ends.slack, trace_cache=_trace_cache(config),
+                                    looped_seconds_stored=_looped_seconds(
+                                        config, closure_plan.STORED))
   if isinstance(evaluator, orbit.StandardEvaluator):
     evaluator = evaluator_lib.PSEvaluator(evaluator, runtime, num_shards=config.eval_shards)
   return trainer, evaluator

@@ -65,6 +65,7 @@ from tfps.coordinator import ledger as ledger_lib
 from tfps.coordinator import positioned as positioned_lib
 from tfps.coordinator import step_logs
 from tfps.coordinator import strategy as strategy_lib
+from tfps.coordinator import trace_cache as trace_cache_lib
 from tfps.base import errors
 
 
@@ -123,7 +124,8 @@ class PSTrainer(orbit.StandardTrainer):
                steps_per_closure: int, pause: Callable[[], bool] | None = None,
                unroll: int = DEFAULT_UNROLL, global_step: tf.Variable | None = None,
                input_shards: int | None = None, looped_seconds: float = 0.0,
-               loop_slack: int = 0):
+               loop_slack: int = 0, trace_cache: trace_cache_lib.TraceCache | None = None,
+               looped_seconds_stored: float | None = None):
     """`pause()` true: schedule no more closures this loop (an interrupt is pending).
 
     `unroll`: steps per while-loop iteration inside a closure (see the module
@@ -140,6 +142,11 @@ class PSTrainer(orbit.StandardTrainer):
     schedule another closure for a shard's tail (`coordinator.loop_ends`; the
     Controller then asks for them in the next loop); never the loop that
     reaches `target`. 0: every loop trains exactly its steps.
+    `trace_cache`: with positioned input, where the closures' traces are
+    stored for later coordinators and found from earlier ones
+    (`coordinator.trace_cache`); `looped_seconds_stored` replaces
+    `looped_seconds` when the written-out closures are found there (the plan
+    at the lower price of a write-out that traces nothing).
     """
     if not isinstance(trainer, orbit.StandardTrainer):
       raise errors.UsageError(
@@ -159,6 +166,8 @@ class PSTrainer(orbit.StandardTrainer):
         trainer, "global_step", None)
     self._input_shards = input_shards
     self._looped_seconds = looped_seconds
+    self._trace_cache = trace_cache
+    self._looped_seconds_stored = looped_seconds_stored
     if isinstance(loop_slack, bool) or not isinstance(loop_slack, int) or loop_slack < 0:
       raise errors.UsageError(f"loop_slack ({loop_slack!r}) must be a non-negative integer")
     self._loop_slack = loop_slack
@@ -243,6 +252,7 @@ class PSTrainer(orbit.StandardTrainer):
     """The loop Orbit calls: schedule closures over all workers, then join."""
     coordinator = self._runtime.coordinator
     strategy = self._runtime.strategy
+    cache = None
     if self._positioned is None:
       make_iterator = lambda iterator: iterator
     else:
@@ -251,16 +261,30 @@ class PSTrainer(orbit.StandardTrainer):
       # Built on the worker, inside the closure: the chunk's position is in
       # the closure's arguments, which a retry runs again unchanged.
       make_iterator = lambda shard, start: iter(positioned.chunk(num_shards, shard, start))
+      if self._trace_cache is not None:
+        trainer_type = type(self._trainer)
+        cache = self._trace_cache.extended(
+            trainer=f"{trainer_type.__module__}.{trainer_type.__qualname__}",
+            steps_per_closure=self._steps_per_closure, unroll=self._unroll,
+            fast_unroll=closures_lib.FAST_UNROLL, input_shards=num_shards,
+            num_workers=self._runtime.num_workers, num_ps=self._runtime.num_ps)
+    tracked = {"trainer": self._trainer}
+    if self._global_step is not None:
+      tracked["global_step"] = self._global_step
     closures = closures_lib.TrainClosures(
         self._trainer.train_step, make_iterator, full_size=self._steps_per_closure,
-        unroll=self._unroll, what=type(self._trainer).__name__)
+        unroll=self._unroll, what=type(self._trainer).__name__, cache=cache,
+        variables_root=tf.train.Checkpoint(**tracked))
     if self._positioned is None:
       # Written out from the start, without a warm-up (its calls are positioned).
       self.full_closure_ready.set()
     else:
+      looped_seconds = self._looped_seconds
+      if self._looped_seconds_stored is not None and closures.write_out_stored():
+        looped_seconds = self._looped_seconds_stored
       self._warm = closures_lib.WarmClosures(
           closures, strategy, coordinator, ready=self.full_closure_ready,
-          looped_seconds=self._looped_seconds if closures.has_fast_start else 0.0)
+          looped_seconds=looped_seconds if closures.has_fast_start else 0.0)
 
     def sources(iterator, num_steps: int, start_step: int | None):
       """(size, closure arguments, chunk) of each closure of the loop, taken as scheduled."""
