@@ -9,6 +9,7 @@ in test_positioned_input.py.
 import json
 import logging
 import os
+import subprocess
 import sys
 
 import pytest
@@ -94,6 +95,14 @@ def test_a_later_coordinator_runs_the_stored_closures_on_its_own_variables(cache
   assert float(out["one"].numpy()) == FULL
 
 
+def test_asking_whether_the_write_out_is_stored_traces_nothing(cache):
+  closures = _closures(_Trainer(), cache)
+  assert not closures.write_out_stored()  # Nothing stored yet.
+  assert all(f.experimental_get_tracing_count() == 0
+             for f in closures._functions.values())  # pylint: disable=protected-access
+  assert not os.path.exists(cache.directory)
+
+
 def test_a_different_variable_layout_is_traced_again(cache, caplog):
   _train(_closures(_Trainer(width=3), cache))
   caplog.set_level("INFO", logger="absl")
@@ -173,3 +182,17 @@ def test_changed_file_sees_size_time_and_removal(tmp_path):
   assert trace_cache.changed_file(files) == str(path)
   path.unlink()
   assert trace_cache.changed_file(files) == str(path)
+
+
+def test_the_measuring_script_reads_the_last_coordinators_first_loop(tmp_path):
+  script = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "stored_traces.py")
+  records = [{"step": 0, "time": 10.0, "restored": True}, {"step": 200, "time": 19.0},
+             {"step": 200, "time": 30.0, "restored": True}, {"step": 400, "time": 32.5},
+             {"step": 600, "time": 33.0}]
+  (tmp_path / "progress.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  # In its own process: the script defines absl flags.
+  result = subprocess.run(
+      [sys.executable, "-c", "import runpy, sys; "
+       "print(runpy.run_path(sys.argv[1])['first_loop'](sys.argv[2]))", script, str(tmp_path)],
+      capture_output=True, text=True, timeout=60, check=True)
+  assert result.stdout.strip() == "2.5"
