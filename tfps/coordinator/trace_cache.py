@@ -111,9 +111,9 @@ def _encode_outputs(structure) -> Any:
   """The structure of a function's outputs as JSON, its tensors as leaves."""
   if isinstance(structure, tf.Tensor):
     return "tensor"
-  if type(structure) is dict and all(isinstance(k, str) for k in structure):  # pylint: disable=unidiomatic-typecheck
+  if isinstance(structure, dict) and all(isinstance(k, str) for k in structure):
     return {"dict": {key: _encode_outputs(value) for key, value in structure.items()}}
-  if type(structure) in (list, tuple):  # pylint: disable=unidiomatic-typecheck
+  if type(structure) in (list, tuple):  # Not a namedtuple: its fields would be lost.
     return {type(structure).__name__: [_encode_outputs(value) for value in structure]}
   raise NotStorable(f"it returns a {type(structure).__name__}")
 
@@ -178,6 +178,11 @@ class TraceCache:
       entry = self._entry(function, root)
     except NotStorable as e:
       logging.info("trace cache: %s is traced by every coordinator: %s", name, e)
+      return False
+    except Exception as e:  # pylint: disable=broad-except
+      # Storing is an optimization: whatever TensorFlow raises here, training goes on.
+      logging.warning("trace cache: %s not stored (%s: %s)", name, type(e).__name__,
+                      str(e).splitlines()[0][:200] if str(e) else "")
       return False
     entry["key"] = json.loads(json.dumps(self.key))
     path = self.path(name)
