@@ -268,13 +268,16 @@ class PSTrainer(orbit.StandardTrainer):
             steps_per_closure=self._steps_per_closure, unroll=self._unroll,
             fast_unroll=closures_lib.FAST_UNROLL, input_shards=num_shards,
             num_workers=self._runtime.num_workers, num_ps=self._runtime.num_ps)
-    tracked = {"trainer": self._trainer}
-    if self._global_step is not None:
-      tracked["global_step"] = self._global_step
+    variables_root = None
+    if cache is not None:  # What the stored traces' captures are found in.
+      tracked = {"trainer": self._trainer}
+      if self._global_step is not None:
+        tracked["global_step"] = self._global_step
+      variables_root = tf.train.Checkpoint(**tracked)
     closures = closures_lib.TrainClosures(
         self._trainer.train_step, make_iterator, full_size=self._steps_per_closure,
         unroll=self._unroll, what=type(self._trainer).__name__, cache=cache,
-        variables_root=tf.train.Checkpoint(**tracked))
+        variables_root=variables_root)
     if self._positioned is None:
       # Written out from the start, without a warm-up (its calls are positioned).
       self.full_closure_ready.set()
