@@ -138,15 +138,17 @@ class _Controller(orbit.Controller):
     return self.restored
 
 
-def _looped_seconds(config: CoordinatorConfig,
-                    costs: closure_plan.SwitchCosts = closure_plan.MEASURED) -> float:
-  """How long this coordinator trains looped before writing out (`closure_plan`)."""
+def _looped_seconds(config: CoordinatorConfig) -> tuple[float, float]:
+  """How long this coordinator trains looped before writing out (`closure_plan`):
+  with the write-out traced, and with it stored by an earlier coordinator."""
   if not config.fast_start:
-    return 0.0
+    return 0.0, 0.0
   records = progress_log.ProgressLog(config.model_dir).read_new()  # This run's, so far.
-  return closure_plan.plan(records, events_lib.EventLog(config.model_dir).read(), costs,
-                           replaced_soon=bool(config.tasks_expected_back),
-                           train_steps=config.train_steps)
+  events = events_lib.EventLog(config.model_dir).read()
+  return tuple(closure_plan.plan(records, events, costs,
+                                 replaced_soon=bool(config.tasks_expected_back),
+                                 train_steps=config.train_steps)
+               for costs in (closure_plan.MEASURED, closure_plan.STORED))
 
 
 def _trace_cache(config: CoordinatorConfig) -> trace_cache.TraceCache | None:
@@ -166,13 +168,13 @@ def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntim
   trainer = experiment.trainer if config.mode != Mode.EVAL else None
   evaluator = experiment.evaluator if config.mode != Mode.TRAIN else None
   if isinstance(trainer, orbit.StandardTrainer) and not isinstance(trainer, trainer_lib.PSTrainer):
+    looped, looped_if_stored = _looped_seconds(config)
     trainer = trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=config.steps_per_closure,
-                                    looped_seconds=_looped_seconds(config), pause=pause,
+                                    looped_seconds=looped, pause=pause,
                                     global_step=experiment.global_step,
                                     input_shards=getattr(config, "input_shards", None),
                                     loop_slack=ends.slack, trace_cache=_trace_cache(config),
-                                    looped_seconds_stored=_looped_seconds(
-                                        config, closure_plan.STORED))
+                                    looped_seconds_stored=looped_if_stored)
   if isinstance(evaluator, orbit.StandardEvaluator):
     evaluator = evaluator_lib.PSEvaluator(evaluator, runtime, num_shards=config.eval_shards)
   return trainer, evaluator

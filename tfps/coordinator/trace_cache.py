@@ -229,25 +229,27 @@ class TraceCache:
     try:
       with open(path, encoding="utf-8") as f:
         entry = json.load(f)
-      reason = self._stale(entry, root)
+      variables = _variables(root)
+      reason = self._stale(entry, variables)
       if reason:
         logging.info("trace cache: %s traced again: %s", name, reason)
         return None
-      return _rebuild(entry, input_specs, root)
+      return _rebuild(entry, input_specs, variables)
     except Exception as e:  # pylint: disable=broad-except
       # A damaged entry or a TensorFlow that rebuilds differently: trace instead.
       logging.warning("trace cache: %s traced again: its stored trace in %s did not load "
                       "(%s: %s)", name, path, type(e).__name__, str(e).splitlines()[0][:200])
       return None
 
-  def _stale(self, entry: Mapping[str, Any], root) -> str | None:
-    """Why `entry` does not fit this coordinator (None: it does)."""
+  def _stale(self, entry: Mapping[str, Any],
+             variables: Mapping[tuple[int, int], tf.Variable]) -> str | None:
+    """Why `entry` does not fit this coordinator, whose variables are `variables`
+    (`_variables`); None: it does."""
     if entry.get("format") != FORMAT or entry.get("key") != json.loads(json.dumps(self.key)):
       return "stored by another version or configuration"
     changed = changed_file(entry["modules"])
     if changed:
       return f"{changed} changed since it was traced"
-    variables = _variables(root)
     for capture in entry["captures"]:
       if "variable" not in capture:
         continue
@@ -260,8 +262,9 @@ class TraceCache:
     return None
 
 
-def _rebuild(entry: Mapping[str, Any], input_specs: Sequence[tf.TensorSpec], root):
-  """A `ConcreteFunction` from a stored entry, capturing `root`'s variables."""
+def _rebuild(entry: Mapping[str, Any], input_specs: Sequence[tf.TensorSpec],
+             variables: Mapping[tuple[int, int], tf.Variable]):
+  """A `ConcreteFunction` from a stored entry, capturing `variables` (`_variables`)."""
   library = function_pb2.FunctionDefLibrary.FromString(base64.b64decode(entry["library"]))
   names = _renamed(library, f"_tfps{os.getpid()}_{next(_REBUILDS)}")
   outer_name = names[entry["function"]]
@@ -272,7 +275,6 @@ def _rebuild(entry: Mapping[str, Any], input_specs: Sequence[tf.TensorSpec], roo
       outer = fdef
     else:
       ctx.add_function_def(fdef)  # Called from the outer one: TF's runtime finds them here.
-  variables = _variables(root)
   captures = []
   for capture in entry["captures"]:
     if "variable" in capture:
