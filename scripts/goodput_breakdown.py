@@ -13,7 +13,7 @@ full speed (`recovery.goodput`), and the difference split into
   less that loop's steps at full speed (tracing and instantiating);
 * fast-start loops: loops marked `looped`, less their steps at full speed;
 * rolled back: steps a restore took back, at full speed;
-* the rest: worker faults, pauses, loops slower than the median.
+* the rest: worker faults, pauses, loops slower than the full speed.
 """
 
 import sys
