@@ -18,15 +18,13 @@ Definition (the one `tfps chaos` and the soak report):
     start"): that slower stretch is part of what a ps or chief fault costs;
   - stalled loops, slower than `STALLED` of the median loop: a worker lost
     or paused mid-loop holds the loop until its closures run elsewhere or it
-    returns. A loop of a healthy run is far above that (in a fault-free run
-    of 652 loops on a 2-core host, the slowest 5 % ran at 0.89 of the
-    median), so the cut takes out the faults' loops and leaves the host's
-    ordinary variation in.
+    returns. A healthy run's loops stay far above that, so the cut takes out
+    the faults' loops and leaves the host's ordinary variation in.
   A run with no loop at full speed falls back to all of its loops.
   Why not the median loop rate: loop rates spread (shard ends, saves, the
   host's own swings), and slower loops take more of the time, so a run's
-  throughput is below its median loop's rate. Measured against the median, a
-  run without faults lost ~1 % of its time to that spread alone.
+  throughput is below its median loop's rate, and a run without faults
+  would lose time to the spread alone (measured: docs/recovery.md "Goodput").
 * wall seconds: from the first record of the run (the first coordinator's
   start) to the last loop record.
 
