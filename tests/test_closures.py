@@ -158,6 +158,79 @@ def test_a_looped_start_does_not_write_out_when_the_training_left_cannot_repay_i
   assert warm.ready.is_set()
 
 
+def _warm_stored(monkeypatch, clock, stored, *, looped_seconds=225, stored_seconds=120):
+  """A looped start whose closures find stored traces once `stored[0]` is true."""
+  closures = _closures(_Counting())
+  monkeypatch.setattr(closures, "write_out_stored", lambda: stored[0])
+  return closures_lib.WarmClosures(
+      closures, tf.distribute.get_strategy(), _Coordinator(), ready=threading.Event(),
+      looped_seconds=looped_seconds, looped_seconds_stored=stored_seconds)
+
+
+def test_a_looped_start_writes_out_at_the_stored_price_once_traces_are_stored(monkeypatch):
+  clock, stored = [1000.0], [False]
+  monkeypatch.setattr(closures_lib.time, "monotonic", lambda: clock[0])
+  warm = _warm_stored(monkeypatch, clock, stored)
+  warm.after_loop(step=0, steps_left=10**6)
+  clock[0] += 130  # Past the stored plan's time, none stored yet: stays looped.
+  warm.after_loop(step=13_000, steps_left=10**6)
+  assert not warm.ready.is_set()
+  stored[0] = True  # The trace-ahead process stored them.
+  clock[0] += 1
+  warm.after_loop(step=13_100, steps_left=10**6)
+  assert warm.ready.is_set()  # Long before the traced write-out's 225 s.
+
+
+def test_stored_traces_found_at_the_start_shorten_the_looped_time(monkeypatch, caplog):
+  caplog.set_level("INFO", logger="absl")
+  clock, stored = [1000.0], [True]
+  monkeypatch.setattr(closures_lib.time, "monotonic", lambda: clock[0])
+  warm = _warm_stored(monkeypatch, clock, stored)
+  warm.after_loop(step=0, steps_left=10**6)
+  clock[0] += 119
+  warm.after_loop(step=11_900, steps_left=10**6)
+  assert not warm.ready.is_set()
+  clock[0] += 2
+  warm.after_loop(step=12_100, steps_left=10**6)
+  assert warm.ready.is_set()
+  assert "runs the stored traces" in caplog.text
+
+
+def test_a_stored_write_out_pays_over_less_training_than_a_traced_one(monkeypatch):
+  clock, stored = [1000.0], [True]
+  monkeypatch.setattr(closures_lib.time, "monotonic", lambda: clock[0])
+  warm = _warm_stored(monkeypatch, clock, stored)
+  warm.after_loop(step=0, steps_left=10**6)
+  clock[0] += 121  # 100 steps/s with 150 s left: above the stored break-even (~122 s)
+  warm.after_loop(step=12_100, steps_left=15_000)  # but under the traced one's (225 s).
+  assert warm.ready.is_set()
+
+
+def test_without_stored_traces_the_traced_write_out_comes_at_its_own_time(monkeypatch):
+  clock, stored = [1000.0], [False]
+  monkeypatch.setattr(closures_lib.time, "monotonic", lambda: clock[0])
+  warm = _warm_stored(monkeypatch, clock, stored)
+  warm.after_loop(step=0, steps_left=10**6)
+  clock[0] += 224
+  warm.after_loop(step=22_400, steps_left=10**6)
+  assert not warm.ready.is_set()
+  clock[0] += 2
+  warm.after_loop(step=22_600, steps_left=10**6)
+  assert warm.ready.is_set()
+
+
+def test_stored_traces_are_not_looked_for_where_even_their_price_cannot_be_repaid(monkeypatch):
+  clock, stored, asked = [1000.0], [False], []
+  monkeypatch.setattr(closures_lib.time, "monotonic", lambda: clock[0])
+  warm = _warm_stored(monkeypatch, clock, stored)
+  monkeypatch.setattr(warm._closures, "write_out_stored",  # pylint: disable=protected-access
+                      lambda: asked.append(1) or True)
+  warm.after_loop(step=0, steps_left=10**6)
+  clock[0] += 130  # 100 steps/s with 60 s left: under the stored break-even (~122 s).
+  warm.after_loop(step=13_000, steps_left=6_000)
+  assert not warm.ready.is_set() and not asked
+
+
 def test_a_write_out_pays_when_the_training_left_lasts_the_break_even():
   costs = closure_plan.SwitchCosts(write_out_seconds=8.0, looped_speed=0.75)  # 32 s.
   assert closure_plan.write_out_pays(None, costs)
