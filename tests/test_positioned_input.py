@@ -85,20 +85,6 @@ def test_a_resumed_run_continues_the_epoch_where_the_checkpoint_was(cluster, tmp
   assert [e.step for e in epochs] == [EPOCH, 2 * EPOCH], epochs  # Once each, resume or not.
 
 
-def test_traces_stored_ahead_are_the_ones_the_coordinator_runs(cluster, tmp_path, caplog):
-  config = _config(cluster, tmp_path, train_steps=EPOCH)
-  # The trace-ahead process's work (recovery.trace_ahead), here in-process.
-  assert coordinator_run.store_traces(config) == {"full": "traced", "other": "traced"}
-  assert tf.train.latest_checkpoint(str(tmp_path)) is None  # It trained nothing.
-  assert coordinator_run.store_traces(config) == {"full": "stored before",
-                                                  "other": "stored before"}
-  caplog.set_level("INFO", logger="absl")
-  result = coordinator_run.run_coordinator(config)
-  assert "full closure rebuilt" in caplog.text and "other closure rebuilt" in caplog.text
-  assert "traced again" not in caplog.text
-  assert np.array_equal(_counts(result), np.ones(EXAMPLES, np.int32))
-
-
 def test_a_python_generator_cannot_be_positioned(runtime):
   def gen():
     yield from range(10)

@@ -155,8 +155,7 @@ def test_the_chiefs_launcher_judges_from_the_whole_run_and_still_sees_its_coordi
 
   def launcher(**spec):
     made = run_command._CoordinatorLauncher(
-        config, run_spec.RunSpec(model_dir=model_dir, warm_standby=False, trace_ahead=False,
-                                 **spec), model_dir)
+        config, run_spec.RunSpec(model_dir=model_dir, warm_standby=False, **spec), model_dir)
     made._coordinators.start = lambda excluded: (None, False)  # No process.
     return made
 

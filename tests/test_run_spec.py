@@ -33,8 +33,7 @@ EVERY_SETTING = {
     "eval_shards": "3", "global_batch_size": "96", "seed": "4", "ready_timeout": "77.5",
     "min_shard_bytes": "1234", "ps_timeout": "66.5", "max_restarts": "5",
     "restart_window": "333", "cluster_wait_seconds": "444", "worker_timeout": "55",
-    "grace_seconds": "21", "warm_standby": "false", "trace_ahead": "false",
-    "ps_failover": "false",
+    "grace_seconds": "21", "warm_standby": "false", "ps_failover": "false",
     "ps_readmit": "timed", "ps_readmit_after": "12.5", "exclude_tasks": "worker:1",
 }
 STEPS_OR_EPOCHS = ({"train_steps": "777"}, {"train_epochs": "2"})

@@ -145,39 +145,6 @@ def test_a_damaged_entry_is_traced_again_with_one_warning(cache, caplog):
     assert json.load(f)["format"] == trace_cache.FORMAT  # Stored again, whole.
 
 
-def test_a_trace_stored_later_is_found_by_a_coordinator_that_looked_before(cache):
-  waiting = _closures(_Trainer(), cache)
-  assert not waiting.write_out_stored()
-  # Another process (the trace-ahead's) stores them meanwhile.
-  assert _closures(_Trainer(), cache).store() == {
-      "full": "traced", "other": "traced", "fast": "traced"}
-  assert waiting.write_out_stored()
-  _train(waiting)
-  assert all(f.experimental_get_tracing_count() == 0
-             for f in waiting._functions.values())  # pylint: disable=protected-access
-  again = _closures(_Trainer(), cache)
-  assert again.store() == {"full": "stored before", "other": "stored before",
-                           "fast": "stored before"}
-  assert all(f.experimental_get_tracing_count() == 0
-             for f in again._functions.values())  # pylint: disable=protected-access
-
-
-def test_an_entry_that_does_not_fit_is_read_once_until_it_changes(cache, monkeypatch):
-  _train(_closures(_Trainer(width=3), cache))
-  loads = []
-  load = trace_cache.TraceCache.load
-  monkeypatch.setattr(trace_cache.TraceCache, "load",
-                      lambda self, name, *a: loads.append(name) or load(self, name, *a))
-  closures = _closures(_Trainer(width=2), cache)
-  for _ in range(3):  # After every loop, as a looped coordinator asks.
-    assert not closures.write_out_stored()
-  assert loads == ["full"]
-  _closures(_Trainer(width=2), cache).store()  # Replaced by one that fits.
-  loads.clear()
-  assert closures.write_out_stored()
-  assert loads == ["full", "other"]
-
-
 def test_another_key_does_not_see_the_entry(cache):
   _train(_closures(_Trainer(), cache))
   assert not _closures(_Trainer(), cache.extended(seed=2)).write_out_stored()

@@ -79,11 +79,6 @@ flags.DEFINE_float("ps_timeout", 60.0,
 flags.DEFINE_bool("warm_standby", True,
                   "chief: once training runs, keep the next coordinator process started and "
                   "imported (~0.7 GB), so a restart skips TensorFlow's import.")
-flags.DEFINE_bool("trace_ahead", True,
-                  "chief: once training runs, trace the train closures for this cluster and "
-                  "for it less one ps (a failover's) in a process of idle priority with a "
-                  "cluster of its own (~1 GB while it runs), and store them (--trace_cache), "
-                  "so that no coordinator traces them while training waits.")
 flags.DEFINE_bool("ps_failover", True,
                   "chief: when a ps is lost and does not answer, restart at once on the ps "
                   "that do (they then hold every variable: they need the memory) instead "

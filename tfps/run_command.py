@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import traceback
 
 from absl import logging
@@ -31,10 +30,8 @@ from tfps.recovery import readmission
 from tfps.recovery import standby
 from tfps.recovery import supervisor
 from tfps.recovery import task_watch
-from tfps.recovery import trace_ahead
 
 from tfps.base import log_summary
-from tfps.base import messages
 from tfps.base import signals
 from tfps import run_result
 from tfps import run_spec
@@ -89,9 +86,6 @@ def run(flags) -> errors.ExitCode:
     # while another thread holds the interpreter lock.
     faulthandler.register(signal.SIGUSR1, file=stderr_filter.real_stderr, all_threads=True)
     temp = scratch_lib.use_for_temporary_files("tfps-coordinator-")
-    if os.environ.get(trace_ahead.ENV_VAR):
-      _leave_coordinator(stderr_filter, temp,
-                         _trace_ahead(config, spec, os.environ[trace_ahead.ENV_VAR]))
     if os.environ.get(standby.ENV_VAR):
       go = _stand_by(stop)
       if go is None:  # Not needed after all: leave as quietly as we came.
@@ -101,30 +95,6 @@ def run(flags) -> errors.ExitCode:
                        _coordinate(config, spec, stop, result_file=flags.result_file))
   finally:
     stderr_filter.close()
-
-
-def _trace_ahead(config: spec_lib.TaskConfig, spec: run_spec.RunSpec,
-                 num_ps: str) -> errors.ExitCode:
-  """The trace-ahead process (`recovery.trace_ahead`): stores the closures' traces for
-  a cluster like this one's with `num_ps` ps, on a cluster of its own; trains nothing."""
-  started = time.monotonic()
-  workers = config.cluster.for_coordinator().num_tasks(spec_lib.JobType.WORKER)
-  try:
-    from tfps.cluster import inprocess  # pylint: disable=import-outside-toplevel
-    from tfps.coordinator import run as coordinator_run  # pylint: disable=import-outside-toplevel
-
-    own = inprocess.start(int(num_ps), workers)
-    settings = dataclasses.replace(spec, exclude_tasks=()).coordinator_config(own.cluster)
-    with coordinator_run.routine_lines_dropped():
-      outcome = coordinator_run.store_traces(settings)
-  except Exception as e:  # pylint: disable=broad-except  (an optimization: never fatal)
-    logging.warning("trace ahead for %s ps: nothing stored: %s: %s", num_ps, type(e).__name__,
-                    messages.one_line(str(e)))
-    return errors.ExitCode.PERMANENT
-  logging.info("trace ahead for %s ps (%.0fs at idle priority): %s", num_ps,
-               time.monotonic() - started,
-               ", ".join(f"{kind} {what}" for kind, what in outcome.items()) or "nothing to store")
-  return errors.ExitCode.OK
 
 
 def _stand_by(stop) -> standby.Go | None:
@@ -227,17 +197,6 @@ class _CoordinatorLauncher:
         env={**os.environ, exit_report.ENV_VAR: self.report_path,
              "TF_CONFIG": config.to_tf_config()},
         stdout_dir=scratch, warm=spec.warm_standby)
-    self._trace_ahead = None
-    # A new run only: a later chief finds what the first one's traced ahead (or
-    # what its coordinators stored), and a run resumed by new code traces as before.
-    if (spec.trace_ahead and spec.trace_cache and spec.fast_start and spec.mode != "eval"
-        and not os.path.exists(self._progress.path)):
-      num_ps = config.cluster.for_coordinator().num_tasks(spec_lib.JobType.PS)
-      self._trace_ahead = trace_ahead.TraceAhead(
-          lambda: self._command(()),
-          # No exit report: what it meets is not the coordinator's failure.
-          env={**os.environ, "TF_CONFIG": config.to_tf_config()},
-          num_ps=trace_ahead.layouts(num_ps, spec.ps_failover), stdout_dir=scratch)
 
   def _command(self, excluded: tuple[str, ...]) -> list[str]:
     path = os.path.join(self._scratch, f"run_spec-{next(self._spec_files)}.json")
@@ -249,9 +208,6 @@ class _CoordinatorLauncher:
     self._read()
     self._trained = False  # Only what the new coordinator does counts.
     process, warm = self._coordinators.start([str(t) for t in excluded])
-    if self._trace_ahead is not None:
-      # Beside the first coordinator's start, on the core its import and build leave idle.
-      self._trace_ahead.advance()
     logging.info("starting coordinator (attempt %d%s)%s", attempt + 1,
                  ", warm standby" if warm else "",
                  f" without {', '.join(sorted(map(str, excluded)))}" if excluded else "")
@@ -275,15 +231,11 @@ class _CoordinatorLauncher:
   def idle(self) -> None:
     if self.trained():  # Only once this one trains: never slow down a start.
       self._coordinators.prepare()
-    if self._trace_ahead is not None:
-      self._trace_ahead.advance()  # The next layout once the one before is stored.
 
   def exit_report(self) -> exit_report.ExitReport | None:
     return exit_report.take(self.report_path)
 
   def close(self) -> None:
-    if self._trace_ahead is not None:
-      self._trace_ahead.close()
     self._coordinators.close()
 
 

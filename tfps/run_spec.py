@@ -41,7 +41,7 @@ class RunSpec:
     split), ps_timeout (0: no deadline): the coordinator's (`CoordinatorConfig`).
       Exactly one of train_steps and train_epochs is set.
     max_restarts, restart_window, cluster_wait_seconds, worker_timeout,
-    grace_seconds, warm_standby, trace_ahead, ps_failover, ps_readmit, ps_readmit_after:
+    grace_seconds, warm_standby, ps_failover, ps_readmit, ps_readmit_after:
       the chief's supervisor.
     exclude_tasks: workers and ps the supervisor leaves out of a
       coordinator's cluster (`worker:1`, `ps:0`); set by the supervisor, not
@@ -76,7 +76,6 @@ class RunSpec:
   worker_timeout: float = 60.0
   grace_seconds: float = 15.0
   warm_standby: bool = True
-  trace_ahead: bool = True
   ps_failover: bool = True
   ps_readmit: str = "measured"
   ps_readmit_after: float = 30.0
@@ -113,8 +112,8 @@ class RunSpec:
     if self.ps_readmit not in {r.value for r in readmission.Readmit}:
       allowed = ", ".join(r.value for r in readmission.Readmit)
       raise errors.UsageError(f"ps_readmit ({self.ps_readmit!r}) must be one of {allowed}")
-    for name in ("warm_standby", "trace_ahead", "fast_start", "trace_cache",
-                 "async_checkpoint", "ps_failover"):
+    for name in ("warm_standby", "fast_start", "trace_cache", "async_checkpoint",
+                 "ps_failover"):
       if not isinstance(getattr(self, name), bool):
         raise errors.UsageError(f"{name} ({getattr(self, name)!r}) must be true or false")
     object.__setattr__(self, "exclude_tasks", tuple(self.exclude_tasks))

@@ -43,7 +43,7 @@ def enter_network_namespace(fd: int) -> None:
   _check(_libc.setns(fd, _CLONE_NEWNET), "setns(CLONE_NEWNET)")
 
 
-def _child_setup(parent_pid: int, netns_fd: int | None, idle: bool) -> Callable[[], None]:
+def _child_setup(parent_pid: int, netns_fd: int | None) -> Callable[[], None]:
   """The pre-exec hook: runs in the forked child before `exec`."""
 
   def setup() -> None:
@@ -54,27 +54,20 @@ def _child_setup(parent_pid: int, netns_fd: int | None, idle: bool) -> Callable[
       os._exit(1)
     if netns_fd is not None:
       enter_network_namespace(netns_fd)
-    if idle:
-      # Inherited by every thread it starts: the CPU only when nothing else wants it.
-      os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
   return setup
 
 
 def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
           stdout=None, stderr=None, stdin=subprocess.DEVNULL,
-          netns_fd: int | None = None, cwd: str | None = None,
-          idle_priority: bool = False) -> subprocess.Popen:
-  """Starts `argv` in a new process group, tied to this process's life.
-
-  `idle_priority`: scheduled only on CPU time no other process wants (SCHED_IDLE).
-  """
+          netns_fd: int | None = None, cwd: str | None = None) -> subprocess.Popen:
+  """Starts `argv` in a new process group, tied to this process's life."""
   pass_fds = (netns_fd,) if netns_fd is not None else ()
   return subprocess.Popen(
       list(argv), env=dict(env) if env is not None else None, cwd=cwd,
       stdin=stdin, stdout=stdout, stderr=stderr,
       start_new_session=True, pass_fds=pass_fds,
-      preexec_fn=_child_setup(os.getpid(), netns_fd, idle_priority))
+      preexec_fn=_child_setup(os.getpid(), netns_fd))
 
 
 def stop_group(process: subprocess.Popen, *, grace: float = 5.0) -> int | None:

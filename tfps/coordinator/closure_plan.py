@@ -64,8 +64,7 @@ class SwitchCosts:
 
 
 MEASURED = SwitchCosts()
-# A write-out whose closures an earlier coordinator or the trace-ahead
-# process traced (`trace_cache`):
+# A write-out whose closures an earlier coordinator traced (`trace_cache`):
 # only the workers' instantiation is left (first loop ~7.1 s against ~2.2 s
 # for the stored fast start; docs/recovery.md "Stored traces").
 STORED = SwitchCosts(write_out_seconds=4.9)

@@ -19,14 +19,12 @@ All take `train` first: false runs no step and only instantiates the
 function on the worker (a warm-up, `warm_up.train_or_skip`).
 
 With a `trace_cache.TraceCache` (positioned input), each is traced at most
-once per run: a closure an earlier coordinator (or the trace-ahead process,
-`recovery.trace_ahead`) traced is rebuilt from its stored graph, and one
-traced here is stored for the next coordinator.
+once per run: a closure an earlier coordinator traced is rebuilt from its
+stored graph, and one traced here is stored for the next coordinator.
 
 `WarmClosures` says which a loop uses. A coordinator trains with the
-fast-start closure for the seconds `closure_plan.looped_seconds` gives it
-(fewer once the written-out closures are found stored), then writes out
-from the next loop (at once when that is 0). The write-out
+fast-start closure for the seconds `closure_plan.looped_seconds` gives it,
+then writes out from the next loop (at once when that is 0). The write-out
 is in the foreground: the next loop traces it, and every worker
 instantiates it before its first such closure, all at once. (Tracing it in
 a background thread beside training was never the better choice on 2
@@ -40,7 +38,6 @@ steps and their order are the same in every closure; only their cost
 changes.
 """
 
-import os
 import threading
 import time
 from typing import Any, Callable
@@ -117,32 +114,17 @@ class TrainClosures:
     self._variables_root = variables_root
     self._concrete: dict[str, Any] = {}
     self._stored: set[str] = set()  # Kinds rebuilt from the cache, not traced here.
-    # Kinds the cache had no valid trace of, by the entry's modification time
-    # then (None: no entry): looked at again only once that changes.
-    self._missing: dict[str, int | None] = {}
-    self._saved: set[str] = set()  # Kinds traced here and stored.
+    self._missing: set[str] = set()  # Kinds the cache has no valid trace of.
 
   def _kind(self, kind: str) -> str:
     return "full" if kind == "fast" and not self.has_fast_start else kind
 
-  def _entry_time(self, kind: str) -> int | None:
-    try:
-      return os.stat(self._cache.path(kind)).st_mtime_ns
-    except OSError:
-      return None
-
   def _load(self, kind: str) -> bool:
-    """Rebuilds `kind` from the cache once, if stored there; whether it now is.
-
-    A kind found missing is looked for again once its entry changes: the
-    trace-ahead process (`recovery.trace_ahead`) may store it later."""
-    if (kind not in self._concrete and self._cache is not None
-        and (kind not in self._missing or self._missing[kind] != self._entry_time(kind))):
-      self._missing.pop(kind, None)
-      when = self._entry_time(kind)
+    """Rebuilds `kind` from the cache once, if stored there; whether it now is."""
+    if kind not in self._concrete and kind not in self._missing and self._cache is not None:
       function = self._cache.load(kind, _SPECS[kind], self._variables_root)
       if function is None:
-        self._missing[kind] = when
+        self._missing.add(kind)
       else:
         self._concrete[kind] = function
         self._stored.add(kind)
@@ -154,28 +136,15 @@ class TrainClosures:
     kind = self._kind(kind)
     if not self._load(kind) and kind not in self._concrete:
       function = self._functions[kind].get_concrete_function(*_SPECS[kind])
-      if self._cache is not None and self._cache.save(kind, function, self._variables_root):
-        self._saved.add(kind)
+      if self._cache is not None:
+        self._cache.save(kind, function, self._variables_root)
       self._concrete[kind] = function
     return self._concrete[kind]
 
-  def store(self) -> dict[str, str]:
-    """Traces every kind the cache lacks and stores it; each kind: "traced", "stored
-    before" or "not stored" (`trace_cache` logged why)."""
-    outcome = {}
-    for kind in ("full", "other", "fast") if self.has_fast_start else ("full", "other"):
-      if self._load(kind):
-        outcome[kind] = "stored before"
-      else:
-        self.concrete(kind)
-        outcome[kind] = "traced" if kind in self._saved else "not stored"
-    return outcome
-
   def write_out_stored(self) -> bool:
-    """Whether stored traces (an earlier coordinator's, or the trace-ahead's) make the
-    write-out cheap: it would trace nothing (rebuilds them if so)."""
-    return (self.has_fast_start and self._load("full")
-            and (self._load("other") or "other" in self._concrete))
+    """Whether an earlier coordinator's traces make the write-out cheap (rebuilds
+    them if so; traces nothing)."""
+    return self.has_fast_start and self._load("full") and self._load("other")
 
   def _scheduled(self, kind: str):
     # Without a cache, the tf.function: schedule() traces it for its arguments
@@ -208,27 +177,15 @@ class WarmClosures:
   `ready` is set once full-size closures are written out: at once when
   `looped_seconds` is 0, else after the first loop that ends that many
   seconds after this object was made (the coordinator's first loop).
-  `looped_seconds_stored` (the plan at a stored write-out's price) replaces
-  `looped_seconds` once the written-out closures are stored: at once if they
-  are now, else from the first loop after it that finds them stored.
   """
 
   def __init__(self, closures: TrainClosures, strategy, coordinator, *,
-               ready: threading.Event, looped_seconds: float,
-               looped_seconds_stored: float | None = None):
+               ready: threading.Event, looped_seconds: float):
     self._closures = closures
     self._strategy = strategy
     self._coordinator = coordinator
     self.ready = ready
-    now = time.monotonic()
-    self._stored_until = None  # When to look for stored traces (None: never).
-    self._stored = False  # The write-out's traces are stored (found).
-    if looped_seconds_stored is not None and looped_seconds_stored < looped_seconds:
-      if closures.write_out_stored():
-        looped_seconds, self._stored = looped_seconds_stored, True
-      else:
-        self._stored_until = now + looped_seconds_stored
-    self._looped_until = now + looped_seconds
+    self._looped_until = time.monotonic() + looped_seconds
     self._looped_seconds = looped_seconds
     # The kind of loop the workers are kept warm for (None: not yet), and
     # the per-worker resources doing it, kept: TF forgets one nobody holds.
@@ -269,32 +226,19 @@ class WarmClosures:
     now = time.monotonic()
     if self._first_loop is None and step is not None:
       self._first_loop = (now, step)
-    if self.ready.is_set():
-      return
-    stored_due = self._stored_until is not None and now >= self._stored_until
-    if now < self._looped_until and not stored_due:
+    if self.ready.is_set() or now < self._looped_until:
       return
     seconds_left = None
     if self._first_loop is not None and steps_left is not None and step is not None:
       since, first_step = self._first_loop
       if now > since and step > first_step:
         seconds_left = steps_left * (now - since) / (step - first_step)
-    # At the lowest price this coordinator may still pay (stored traces, if it
-    # has them or looks for them): where even that does not pay, nothing will.
-    cheapest = (closure_plan.STORED if self._stored or self._stored_until is not None
-                else closure_plan.MEASURED)
-    if not closure_plan.write_out_pays(seconds_left, cheapest):
+    if not closure_plan.write_out_pays(seconds_left):
       if not self._stays_looped:
         logging.info("the training left (~%.0fs) is too short to repay a write-out: the "
                      "full-size closures stay looped", seconds_left)
         self._stays_looped = True
       return
-    if not self._stored and stored_due:
-      self._stored = self._closures.write_out_stored()
-    if not self._stored and (now < self._looped_until
-                             or not closure_plan.write_out_pays(seconds_left)):
-      return  # Until the traces are stored, or the time to trace them has come.
     logging.info("this coordinator has lived %.0fs: writing out the full-size closures "
-                 "(the next loop %s them)", now - (self._looped_until - self._looped_seconds),
-                 "runs the stored traces of" if self._stored else "traces")
+                 "(the next loop traces them)", self._looped_seconds)
     self.ready.set()

@@ -27,7 +27,6 @@ logged), since stdout carries the command line's JSON result.
 """
 
 import contextlib
-import dataclasses
 import io
 import logging as py_logging
 import os
@@ -342,8 +341,8 @@ def _run_chief(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts)
     return _run_connected(config, interrupts, factory, runtime)
 
 
-def _build(config: CoordinatorConfig, factory,
-           runtime: strategy_lib.PSRuntime) -> experiment_lib.Experiment:
+def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts, factory,
+                   runtime: strategy_lib.PSRuntime) -> CoordinatorResult:
   context = experiment_lib.ExperimentContext(
       strategy=runtime.strategy, coordinator=runtime.coordinator,
       model_dir=config.model_dir, global_batch_size=config.global_batch_size,
@@ -352,32 +351,6 @@ def _build(config: CoordinatorConfig, factory,
   experiment = experiment_lib.build(factory, context, name=config.experiment,
                                     partitioned=runtime.partitioned)
   _require_parts(config, experiment)
-  return experiment
-
-
-def store_traces(config: CoordinatorConfig) -> dict[str, str]:
-  """Builds the experiment on `config.cluster` and stores its train closures' traces
-  for the run's coordinators on a cluster of that shape (`trace_cache`), training
-  nothing; what became of each kind (`PSTrainer.store_traces`), {} if none is stored.
-
-  The trace-ahead process (`recovery.trace_ahead`) runs it on a cluster of its
-  own with the run's layouts, so that no coordinator traces on its critical path.
-  """
-  factory = experiment_lib.load_factory(config.experiment)
-  runtime = strategy_lib.connect(config.cluster, ready_timeout=config.ready_timeout,
-                                 min_shard_bytes=config.min_shard_bytes)
-  experiment = _build(config, factory, runtime)
-  trainer, _ = _adapt(experiment, runtime, dataclasses.replace(config, mode=Mode.TRAIN),
-                      pause=lambda: False, ends=_loop_ends(config))
-  if not isinstance(trainer, trainer_lib.PSTrainer):
-    return {}
-  with _classified_errors("tracing the train closures"):
-    return trainer.store_traces()
-
-
-def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts, factory,
-                   runtime: strategy_lib.PSRuntime) -> CoordinatorResult:
-  experiment = _build(config, factory, runtime)
   ends = _loop_ends(config)  # Where loops end and which saves (trainer, manager, controller).
   with _classified_errors("preparing the experiment"):
     trainer, evaluator = _adapt(experiment, runtime, config, pause=lambda: interrupts.pending,

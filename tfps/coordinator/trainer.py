@@ -248,8 +248,10 @@ class PSTrainer(orbit.StandardTrainer):
         f"{type(self._trainer).__name__}.train_loop_end returned {type(output).__name__}; "
         f"with step logs it must return a dict or None")
 
-  def _train_closures(self) -> closures_lib.TrainClosures:
-    """The train closures over this trainer's input (nothing traced yet)."""
+  def create_train_loop_fn(self) -> Callable[[Any, tf.Tensor], None]:
+    """The loop Orbit calls: schedule closures over all workers, then join."""
+    coordinator = self._runtime.coordinator
+    strategy = self._runtime.strategy
     cache = None
     if self._positioned is None:
       make_iterator = lambda iterator: iterator
@@ -272,34 +274,20 @@ class PSTrainer(orbit.StandardTrainer):
       if self._global_step is not None:
         tracked["global_step"] = self._global_step
       variables_root = tf.train.Checkpoint(**tracked)
-    return closures_lib.TrainClosures(
+    closures = closures_lib.TrainClosures(
         self._trainer.train_step, make_iterator, full_size=self._steps_per_closure,
         unroll=self._unroll, what=type(self._trainer).__name__, cache=cache,
         variables_root=variables_root)
-
-  def store_traces(self) -> dict[str, str]:
-    """Traces the train closures and stores them for the run's coordinators
-    (`closures.TrainClosures.store`); each kind: "traced", "stored before" or
-    "not stored". Nothing where they are not stored (endless input or no cache)."""
-    if self._positioned is None or self._trace_cache is None:
-      return {}
-    self.ensure_ledger()  # The shards are part of the traces' key.
-    with self._runtime.strategy.scope():  # Traced as a loop traces them.
-      return self._train_closures().store()
-
-  def create_train_loop_fn(self) -> Callable[[Any, tf.Tensor], None]:
-    """The loop Orbit calls: schedule closures over all workers, then join."""
-    coordinator = self._runtime.coordinator
-    strategy = self._runtime.strategy
-    closures = self._train_closures()
     if self._positioned is None:
       # Written out from the start, without a warm-up (its calls are positioned).
       self.full_closure_ready.set()
     else:
+      looped_seconds = self._looped_seconds
+      if self._looped_seconds_stored is not None and closures.write_out_stored():
+        looped_seconds = self._looped_seconds_stored
       self._warm = closures_lib.WarmClosures(
           closures, strategy, coordinator, ready=self.full_closure_ready,
-          looped_seconds=self._looped_seconds if closures.has_fast_start else 0.0,
-          looped_seconds_stored=self._looped_seconds_stored)
+          looped_seconds=looped_seconds if closures.has_fast_start else 0.0)
 
     def sources(iterator, num_steps: int, start_step: int | None):
       """(size, closure arguments, chunk) of each closure of the loop, taken as scheduled."""
