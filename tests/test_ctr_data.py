@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tensorflow.python.util import deprecation
+
 from tfps.coordinator import ctr
 from tfps.coordinator import ctr_data
 from tfps.coordinator import example_records
@@ -103,6 +105,15 @@ def test_files_hold_the_training_examples_in_order(tmp_path):
   examples = _concat(_read(files.dataset_fn(100)(tf.distribute.InputContext())))
   _assert_examples_equal(examples, _expected())
   assert examples["cat"][:, 1].max() >= 128  # Multi-byte varints are in the data.
+
+
+def test_building_the_input_prints_no_deprecation_notice(tmp_path, monkeypatch, caplog):
+  # TF prints each notice once per process: forget those of earlier tests.
+  monkeypatch.setattr(deprecation, "_PRINTED_WARNING", {})
+  caplog.set_level("WARNING", logger="tensorflow")
+  files = ctr.train_files(CONFIG, SEED, str(tmp_path))
+  files.dataset_fn(100)(tf.distribute.InputContext())
+  assert "deprecated" not in caplog.text
 
 
 def test_a_record_is_an_ordinary_example_holding_a_block_of_examples(tmp_path):

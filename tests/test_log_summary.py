@@ -58,9 +58,43 @@ def test_a_record_ends_at_a_line_that_is_not_its_continuation():
   out = summarizer.feed("Additional GRPC error information from remote target "
                         "/job:ps/replica:0/task:3 while calling X:", 0.1)
   assert out == []
-  out = summarizer.feed("plain output of the user's program", 0.2)
+  # Held: TF's messages go on in plain text ("Socket closed") before more details.
+  assert summarizer.feed("plain output of the user's program", 0.2) == []
+  out = summarizer.feed("I1122 01:00:01.000000 140444550441856 progress.py:80] step 400", 0.3)
   assert out == ["grpc: UNAVAILABLE from ps:3 (127.0.0.1:7): connection refused",
-                 "plain output of the user's program"]
+                 "plain output of the user's program",
+                 "I1122 01:00:01.000000 140444550441856 progress.py:80] step 400"]
+  # Or when input pauses.
+  summarizer.feed(REFUSED.format(port=8), 40.0)
+  assert summarizer.feed("more of the user's output", 40.1) == []
+  assert summarizer.flush(40.6) == [
+      "grpc: UNAVAILABLE from 127.0.0.1:8: connection refused", "more of the user's output"]
+
+
+def test_a_records_plain_text_line_followed_by_grpc_details_stays_in_the_record():
+  # A ps SIGKILLed under a running closure (2026-11-26, tfps chaos, TF 2.20):
+  # the worker's failure, whose message goes on in plain text, then the
+  # details naming the ps; then the cancellation of the closures behind it.
+  lines = [
+      "W1126 13:08:47.470000 140105431985024 cluster_coordinator.py:966] Worker "
+      "/job:worker/replica:0/task:0 failed with UnavailableError():",
+      "Socket closed",
+      "Additional GRPC error information from remote target /job:ps/replica:0/task:1/device:CPU:0"
+      " while calling /tensorflow.eager.EagerService/RunComponentFunction:",
+      ':UNKNOWN:Error received from peer  {grpc_message:"Socket closed", grpc_status:14}',
+      "Additional GRPC error information from remote target /job:worker/replica:0/task:0 while "
+      "calling /tensorflow.eager.EagerService/Enqueue:",
+      ':UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:" Socket closed"}',
+      "It is treated as a transient connectivity failure for now.",
+      "I1126 13:08:47.484322 140105431985024 cluster_coordinator.py:407] Canceling all "
+      "closures: waiting for inflight closures to finish",
+      "W1126 13:08:47.485000 140105431985024 cluster_coordinator.py:300] /job:worker/replica:0/"
+      "task:0 CancelledError: cancelled",
+      "This derived error is ignored and not reported to users.",
+  ]
+  assert feed_all(log_summary.LogSummarizer(), lines) == [
+      "grpc: UNAVAILABLE from ps:1: connection reset", lines[7],
+      "grpc: CANCELLED from worker:0: cancelled"]
 
 
 def test_startup_noise_is_dropped_and_other_lines_pass():

@@ -89,6 +89,7 @@ _CONTINUATION = re.compile(
     r"|To enable the following instructions|It is treated as a transient"
     r"|Graph execution error:|\s*failed to connect to all addresses|\s*\{"
     r"|This could happen if the remote target has been disconnected"
+    r"|This derived error is ignored and not reported to users"
     # TF's chained errors: "2 root error(s) found.", "  (0) UNAVAILABLE: ...".
     r"|\d+ root error\(s\) found|\s*\(\d+\) \w+:|\d+ derived errors ignored|\s*\[\[\{\{node"
     r"|\d+ successful operations\.|Detected at node .* defined at|<stack traces unavailable>"
@@ -127,10 +128,19 @@ class LogSummarizer:
     # A TF header line with no status code, held until the next line shows
     # whether gRPC detail lines follow it (then it opens a record).
     self._held: tuple[str, str] | None = None  # (line, message)
+    # A line of plain text inside a gRPC record (TF's message goes on: "Socket
+    # closed"), held until the next line shows whether the record goes on too.
+    self._held_text: str | None = None
 
   def feed(self, line: str, now: float) -> list[str]:
     """Returns the lines to show, given one more input `line` (no newline)."""
     header = _HEADER.match(line)
+    if self._held_text is not None:
+      text, self._held_text = self._held_text, None
+      if header is None and _CONTINUATION.match(line) and self._record is not None:
+        self._record += [text, line]
+        return [] if len(self._record) < _MAX_RECORD_LINES else self.flush(now)
+      return self.flush(now) + [text] + self.feed(line, now)
     if self._held is not None:
       held_line, held_message = self._held
       self._held = None
@@ -146,6 +156,10 @@ class LogSummarizer:
         return [] if len(self._record) < _MAX_RECORD_LINES else self.flush(now)
       if self._dropping:
         return []
+    if (header is None and self._record is not None and line.strip()
+        and not line.startswith("Traceback")):
+      self._held_text = line
+      return []
     out = self.flush(now)
     self._dropping = False
     if header is None:
@@ -165,6 +179,9 @@ class LogSummarizer:
 
   def flush(self, now: float) -> list[str]:
     """Ends the record being collected; returns its summary line, if shown."""
+    if self._held_text is not None:
+      text, self._held_text = self._held_text, None
+      return self.flush(now) + [text]
     if self._held is not None:
       held_line, self._held = self._held[0], None
       return [held_line]
@@ -222,11 +239,15 @@ def _from_tensorflow(header: re.Match) -> bool:
 def _peer(text: str) -> tuple[str, str]:
   """The task that failed, and how to show it (with its address when given).
 
-  The task is the deepest remote target named, else the first task: TF nests
-  errors, a worker's closure fails *because* a ps is gone, and the ps is the
-  last "remote target" in the chain. Without a task, the address stands for it.
+  The task is the deepest remote target named (a ps before any worker), else
+  the first task: TF nests errors, a worker's closure fails *because* a ps is
+  gone, and the ps is usually the last "remote target" in the chain. Without
+  a task, the address stands for it.
   """
   targets = _REMOTE_TARGET.findall(text)
+  # A ps among them is what failed: a worker's closure fails because of it,
+  # and TF does not always list the ps last.
+  targets = [t for t in targets if t.startswith("/job:ps/")] or targets
   name = task_names.find_task(targets[-1] if targets else text) or ""
   address = _ADDRESS.search(text)
   where = f"{address.group(1)}:{address.group(2)}" if address else ""

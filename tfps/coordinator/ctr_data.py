@@ -61,6 +61,8 @@ from typing import Callable, Mapping
 from absl import logging
 import tensorflow as tf
 
+from tensorflow.python.util import deprecation
+
 from tfps.coordinator import example_records
 from tfps.base import errors
 
@@ -146,11 +148,14 @@ class TrainFiles:
     num_features, num_dense = len(settings.vocab_sizes), settings.num_dense
     # Parsed by a dataset op rather than inside `map`: functions are instantiated
     # again for every iterator, and a positioned input makes one per closure
-    # (docs/benchmarks.md, "The ctr's file input").
-    parse = tf.data.experimental.parse_example_dataset({
-        "cat": tf.io.FixedLenFeature([k * num_features], tf.int64),
-        "dense": tf.io.FixedLenFeature([k * num_dense], tf.float32),
-        "label": tf.io.FixedLenFeature([k], tf.int64)})
+    # (docs/benchmarks.md, "The ctr's file input"). TF calls the op deprecated
+    # in favour of `map`; its three-line notice at every start says nothing
+    # to a user of tfps.
+    with deprecation.silence():
+      parse = tf.data.experimental.parse_example_dataset({
+          "cat": tf.io.FixedLenFeature([k * num_features], tf.int64),
+          "dense": tf.io.FixedLenFeature([k * num_dense], tf.float32),
+          "label": tf.io.FixedLenFeature([k], tf.int64)})
 
     def examples(blocks):
       """n records' blocks -> their n * k examples (one dict, as the model reads them)."""

@@ -13,13 +13,16 @@ before (and the entry replaced):
 
 * its key: what shapes the trace (experiment and its parameters, batch,
   seed, closure sizes, input shards, cluster size) and the TensorFlow and
-  Python versions;
+  Python versions; an entry of another number of ps (`LAYOUT`) serves too,
+  its ops moved to where their variables are now (`trace_relocation`):
+  after a failover, the trace stored on every ps;
 * the program: every Python module loaded when it was traced is unchanged
   (size and modification time), the trainer's code included;
 * its captures: each variable the function captured is at the same place
   among the objects the trainer tracks (as a checkpoint walks them), with
-  the same name, dtype, shape and device; other captured tensors are
-  constants stored by value. A function that captures anything else (a
+  the same name, dtype, shape and device (or, on another task, one that
+  every variable of its old task moved to as well); other captured tensors
+  are constants stored by value. A function that captures anything else (a
   lookup table, a callable) is not stored.
 
 As with `tf.function`'s own cache, a function not traced again runs none of
@@ -52,9 +55,13 @@ from tensorflow.python.eager import context
 from tensorflow.python.eager.polymorphic_function import concrete_function as concrete_lib
 from tensorflow.python.framework import function_def_to_graph
 
+from tfps.coordinator import trace_relocation
+
 FORMAT = 1
 # Function names must be unique in a process: each rebuild gets its own suffix.
 _REBUILDS = itertools.count()
+# The key field an entry may differ in: its ops are moved to the variables' tasks.
+LAYOUT = "num_ps"
 
 
 class NotStorable(Exception):
@@ -222,50 +229,103 @@ class TraceCache:
 
   def load(self, name: str, input_specs: Sequence[tf.TensorSpec], root):
     """The function stored for `name`, bound to `root`'s variables; None if there is
-    none that is valid (the reason is logged)."""
-    path = self.path(name)
-    if not os.path.exists(path):
-      return None
-    try:
-      with open(path, encoding="utf-8") as f:
-        entry = json.load(f)
-      variables = _variables(root)
-      reason = self._stale(entry, variables)
-      if reason:
-        logging.info("trace cache: %s traced again: %s", name, reason)
-        return None
-      return _rebuild(entry, input_specs, variables)
-    except Exception as e:  # pylint: disable=broad-except
-      # A damaged entry or a TensorFlow that rebuilds differently: trace instead.
-      logging.warning("trace cache: %s traced again: its stored trace in %s did not load "
-                      "(%s: %s)", name, path, type(e).__name__, str(e).splitlines()[0][:200])
-      return None
+    none that is valid (the reason is logged).
 
-  def _stale(self, entry: Mapping[str, Any],
-             variables: Mapping[tuple[int, int], tf.Variable]) -> str | None:
+    The entry of this very key first, then those of another number of ps
+    (`LAYOUT`), newest first, moved to where the variables are now.
+    """
+    variables = None
+    reasons = []
+    exact = self.path(name)
+    for path in self._candidates(name):
+      try:
+        with open(path, encoding="utf-8") as f:
+          entry = json.load(f)
+        if path != exact and not self._same_but_layout(entry):
+          continue  # Another run's or configuration's: not ours to judge.
+        variables = _variables(root) if variables is None else variables
+        reason, moves = self._fit(entry, variables)
+        if reason:
+          reasons.append(reason)
+          continue
+        function, moved = _rebuild(entry, input_specs, variables, moves)
+      except trace_relocation.NotRelocatable as e:
+        reasons.append(_not_movable(entry, e))
+        continue
+      except Exception as e:  # pylint: disable=broad-except
+        # A damaged entry or a TensorFlow that rebuilds differently: trace instead.
+        logging.warning("trace cache: %s: its stored trace in %s did not load (%s: %s)", name,
+                        path, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
+        continue
+      stored_on = entry["key"].get(LAYOUT)
+      if stored_on != self.key.get(LAYOUT) or moved:
+        logging.info("trace cache: %s closure taken from the trace stored on %s ps, %d ops "
+                     "moved to where their variables are now", name, stored_on, moved)
+      return function
+    if reasons:
+      logging.info("trace cache: %s traced again: %s", name, "; ".join(reasons))
+    return None
+
+  def _candidates(self, name: str) -> list[str]:
+    """This key's entry for `name` if stored, then other layouts' entries, newest first."""
+    exact = self.path(name)
+    found = [exact] if os.path.exists(exact) else []
+    if LAYOUT not in self.key:
+      return found
+    try:
+      names = os.listdir(self.directory)
+    except OSError:
+      return found
+    others = [os.path.join(self.directory, f) for f in names
+              if f.startswith(f"{name}-") and f.endswith(".json")]
+    others = [p for p in others if p != exact]
+    others.sort(key=lambda p: os.stat(p).st_mtime_ns if os.path.exists(p) else 0, reverse=True)
+    return found + others
+
+  def _fit(self, entry: Mapping[str, Any], variables: Mapping[tuple[int, int], tf.Variable]
+           ) -> tuple[str | None, dict]:
     """Why `entry` does not fit this coordinator, whose variables are `variables`
-    (`_variables`); None: it does."""
-    if entry.get("format") != FORMAT or entry.get("key") != json.loads(json.dumps(self.key)):
-      return "stored by another version or configuration"
+    (`_variables`), and else (None) where each task's variables are now."""
+    if not self._same_but_layout(entry):
+      return "stored by another version or configuration", {}
     changed = changed_file(entry["modules"])
     if changed:
-      return f"{changed} changed since it was traced"
+      return f"{changed} changed since it was traced", {}
+    devices = []
     for capture in entry["captures"]:
       if "variable" not in capture:
         continue
       variable = variables.get(tuple(capture["variable"]))
       if variable is None:
-        return f"variable {capture['name']} is not where it was"
+        return f"variable {capture['name']} is not where it was", {}
       now = _describe(variable, variable.handle)
-      if now != {k: capture[k] for k in now}:
-        return f"variable {capture['name']} is now {now}"
-    return None
+      if any(now[k] != capture[k] for k in now if k != "device"):
+        return f"variable {capture['name']} is now {now}", {}
+      devices.append((capture["device"], now["device"]))
+    try:
+      return None, trace_relocation.task_moves(devices)
+    except trace_relocation.NotRelocatable as e:
+      return _not_movable(entry, e), {}
+
+  def _same_but_layout(self, entry: Mapping[str, Any]) -> bool:
+    """Whether `entry` is of this format and key, but for the number of ps."""
+    ours = json.loads(json.dumps(self.key))
+    theirs = entry.get("key")
+    return (entry.get("format") == FORMAT and isinstance(theirs, dict)
+            and {k: v for k, v in theirs.items() if k != LAYOUT}
+            == {k: v for k, v in ours.items() if k != LAYOUT})
+
+
+def _not_movable(entry: Mapping[str, Any], error: Exception) -> str:
+  return f"the trace stored on {entry['key'].get(LAYOUT)} ps cannot be moved here: {error}"
 
 
 def _rebuild(entry: Mapping[str, Any], input_specs: Sequence[tf.TensorSpec],
-             variables: Mapping[tuple[int, int], tf.Variable]):
-  """A `ConcreteFunction` from a stored entry, capturing `variables` (`_variables`)."""
+             variables: Mapping[tuple[int, int], tf.Variable], moves: dict):
+  """A `ConcreteFunction` from a stored entry, capturing `variables` (`_variables`),
+  its ops on a task moved as `moves` says (`trace_relocation`); and how many moved."""
   library = function_pb2.FunctionDefLibrary.FromString(base64.b64decode(entry["library"]))
+  moved = trace_relocation.relocate(library, moves)
   names = _renamed(library, f"_tfps{os.getpid()}_{next(_REBUILDS)}")
   outer_name = names[entry["function"]]
   outer = None
@@ -300,4 +360,4 @@ def _rebuild(entry: Mapping[str, Any], input_specs: Sequence[tf.TensorSpec],
   function = concrete_lib.ConcreteFunction.from_func_graph(graph, function_type,
                                                            attrs=outer.attr)
   function.set_external_captures(captures)
-  return function
+  return function, moved
