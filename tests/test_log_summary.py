@@ -6,6 +6,7 @@ coordinator (TF 2.20) that lost a worker, recovered, then lost its ps. The
 """
 
 import os
+import threading
 
 from tfps.base import log_summary
 
@@ -293,3 +294,27 @@ def test_a_servers_session_options_dump_at_each_connection_is_dropped():
       "I1123 16:58:40.000000 140213506268032 server.py:127] worker:0: next line",
   ]
   assert feed_all(log_summary.LogSummarizer(), lines) == [connected, lines[-1]]
+
+
+def test_grpcs_closed_channel_race_leaves_no_thread_traceback_and_other_errors_do():
+  # Raised by grpc's polling thread when a probe closes its channel mid-poll
+  # (seen once in a 30-minute tfps chaos run, 2026-11-26).
+  seen = []
+  hook = log_summary.without_grpc_closed_channel_tracebacks(seen.append)
+
+  def raising(error):
+    def run():
+      raise error
+    return run
+
+  old = threading.excepthook
+  threading.excepthook = hook
+  try:
+    for error in (ValueError("Cannot monitor channel state: Channel closed!"),
+                  ValueError("something else")):
+      thread = threading.Thread(target=raising(error))
+      thread.start()
+      thread.join(timeout=10)
+  finally:
+    threading.excepthook = old
+  assert [str(args.exc_value) for args in seen] == ["something else"]

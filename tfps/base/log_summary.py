@@ -318,5 +318,26 @@ class StderrFilter:
     self._thread.join(timeout)
 
 
+# grpc's connectivity-polling thread raises this when the channel it watches is
+# closed while it is between two polls (a race inside grpc): the readiness
+# probes close their channels as soon as they have an answer. Nothing is lost;
+# shown, it is a thread's traceback in the chief's log that means nothing.
+_GRPC_CLOSED_CHANNEL = "Cannot monitor channel state: Channel closed!"
+
+
+def without_grpc_closed_channel_tracebacks(previous: Callable) -> Callable:
+  """A `threading.excepthook` that drops grpc's closed-channel race, else calls `previous`."""
+
+  def hook(args) -> None:
+    if args.exc_type is ValueError and str(args.exc_value) == _GRPC_CLOSED_CHANNEL:
+      return
+    previous(args)
+
+  return hook
+
+
 def install_stderr_filter(quiet_seconds: float = 30.0) -> StderrFilter:
+  """This process's stderr, for people: TF's gRPC spam summarized (`StderrFilter`),
+  and grpc's closed-channel race no thread traceback."""
+  threading.excepthook = without_grpc_closed_channel_tracebacks(threading.excepthook)
   return StderrFilter(LogSummarizer(quiet_seconds))

@@ -279,7 +279,7 @@ class TraceCache:
     others = [os.path.join(self.directory, f) for f in names
               if f.startswith(f"{name}-") and f.endswith(".json")]
     others = [p for p in others if p != exact]
-    others.sort(key=lambda p: os.stat(p).st_mtime_ns if os.path.exists(p) else 0, reverse=True)
+    others.sort(key=_modified, reverse=True)
     return found + others
 
   def _fit(self, entry: Mapping[str, Any], variables: Mapping[tuple[int, int], tf.Variable]
@@ -314,6 +314,14 @@ class TraceCache:
     return (entry.get("format") == FORMAT and isinstance(theirs, dict)
             and {k: v for k, v in theirs.items() if k != LAYOUT}
             == {k: v for k, v in ours.items() if k != LAYOUT})
+
+
+def _modified(path: str) -> int:
+  """When `path` was last written (0 if it is gone meanwhile)."""
+  try:
+    return os.stat(path).st_mtime_ns
+  except OSError:
+    return 0
 
 
 def _not_movable(entry: Mapping[str, Any], error: Exception) -> str:
