@@ -180,4 +180,6 @@ def test_a_failover_coordinator_runs_the_closures_traced_on_both_ps_moved_to_one
   assert split["row"] == [53.0, 106.0, 159.0]
 
 if __name__ == "__main__":
+  from tfps.cluster import processes  # pylint: disable=import-outside-toplevel
+  processes.set_parent_death_signal()  # Its servers never outlive the test.
   print(json.dumps(_on_a_cluster_of_two_ps(sys.argv[1])))

@@ -135,12 +135,11 @@ class LogSummarizer:
   def feed(self, line: str, now: float) -> list[str]:
     """Returns the lines to show, given one more input `line` (no newline)."""
     header = _HEADER.match(line)
-    if self._held_text is not None:
+    if self._held_text is not None:  # A record is open: only flush() closes one.
       text, self._held_text = self._held_text, None
-      if header is None and _CONTINUATION.match(line) and self._record is not None:
-        self._record += [text, line]
-        return [] if len(self._record) < _MAX_RECORD_LINES else self.flush(now)
-      return self.flush(now) + [text] + self.feed(line, now)
+      if header is not None or not _CONTINUATION.match(line):
+        return self.flush(now) + [text] + self.feed(line, now)
+      self._record.append(text)  # The record goes on: `line` joins it below.
     if self._held is not None:
       held_line, held_message = self._held
       self._held = None

@@ -241,8 +241,10 @@ class TraceCache:
       try:
         with open(path, encoding="utf-8") as f:
           entry = json.load(f)
-        if path != exact and not self._same_but_layout(entry):
-          continue  # Another run's or configuration's: not ours to judge.
+        if not self._same_but_layout(entry):
+          if path == exact:
+            reasons.append("stored by another version or configuration")
+          continue  # Another layout's file of another configuration: not ours to judge.
         variables = _variables(root) if variables is None else variables
         reason, moves = self._fit(entry, variables)
         if reason:
@@ -285,9 +287,8 @@ class TraceCache:
   def _fit(self, entry: Mapping[str, Any], variables: Mapping[tuple[int, int], tf.Variable]
            ) -> tuple[str | None, dict]:
     """Why `entry` does not fit this coordinator, whose variables are `variables`
-    (`_variables`), and else (None) where each task's variables are now."""
-    if not self._same_but_layout(entry):
-      return "stored by another version or configuration", {}
+    (`_variables`), and else (None) where each task's variables are now. Its key
+    is this one's but for the layout (`_same_but_layout`)."""
     changed = changed_file(entry["modules"])
     if changed:
       return f"{changed} changed since it was traced", {}
