@@ -11,14 +11,18 @@ recovery_seconds and longest_stall_seconds {p50, max} (see
 `chief term`, ...). A run that outlives `--run_deadline` is ended (its whole
 process group) and counted as not finished. Exit 0 only if every run
 finished. A run whose result is already in its folder is not run again, so
-an interrupted soak continues where it stopped (delete a run's folder to
-redo it).
+an interrupted soak continues where it stopped, in later sessions too: a run
+cut off before its result starts again from an empty model_dir (delete a
+run's folder to redo a finished one). Each run's folder names the code that
+ran it (`code.txt`: the git commit and whether the tree had changes), since
+the runs of one soak may span commits.
 
 Flags after `--` go to every `tfps chaos` run unchanged.
 """
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -55,6 +59,12 @@ def _one_run(seed: int, extra: list[str]) -> dict | None:
   if done is not None:
     logging.info("run seed=%d: result already in %s", seed, result_path)
     return done
+  model_dir = os.path.join(run_dir, "model")
+  if os.path.exists(model_dir):
+    logging.info("run seed=%d: no result, starting again from an empty %s", seed, model_dir)
+    shutil.rmtree(model_dir)
+  with open(os.path.join(run_dir, "code.txt"), "w") as f:
+    f.write(_code_version() + "\n")
   logging.info("run seed=%d: %s", seed, " ".join(argv[2:]))
   with open(result_path, "w") as out, open(os.path.join(run_dir, "chaos.log"), "w") as log:
     child = processes.spawn(argv, stdout=out, stderr=log)
@@ -72,6 +82,19 @@ def _one_run(seed: int, extra: list[str]) -> dict | None:
   logging.info("run seed=%d: %s, %d/%d faults recovered, steps lost %d", seed, result["status"],
                result["recoveries"], result["faults_injected"], result["steps_lost"])
   return result
+
+
+def _code_version() -> str:
+  """The git commit of the tfps being run, `+changes` if its tree differs from it."""
+  import tfps  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(tfps.__file__)))
+  git = lambda *args: subprocess.run(["git", "-C", root, *args], capture_output=True,
+                                     text=True, timeout=30, check=False)
+  head = git("rev-parse", "--short", "HEAD")
+  if head.returncode != 0:
+    return f"unknown (no git repository at {root})"
+  dirty = git("status", "--porcelain", "--untracked-files=no", "--", "tfps").stdout.strip()
+  return head.stdout.strip() + ("+changes" if dirty else "")
 
 
 def _result(path: str) -> dict | None:
