@@ -7,8 +7,9 @@ run's JSON line is kept in `<work_dir>/run-<seed>/chaos.json` and its stderr
 in `chaos.log`; at the end a table goes to stderr and one JSON line to stdout:
 runs, runs_finished, faults_injected, recoveries, steps_lost,
 recovery_seconds and longest_stall_seconds {p50, max} (see
-`recovery.chaos.RecoveryTracker`) and the same per kind of fault (`ps kill`,
-`chief term`, ...). A run that outlives `--run_deadline` is ended (its whole
+`recovery.chaos.RecoveryTracker`), goodput {goodput, lowest_run,
+seconds_per_fault: the rate the runs met} and the same per kind of fault
+(`ps kill`, `chief term`, ...). A run that outlives `--run_deadline` is ended (its whole
 process group) and counted as not finished. Exit 0 only if every run
 finished. A run whose result is already in its folder is not run again, so
 an interrupted soak continues where it stopped, in later sessions too: a run
@@ -117,10 +118,11 @@ def _table(summary: dict) -> str:
                 f"{shown(seconds['p50'], 8)}{shown(seconds['max'], 8)}"
                 f"{shown(stall['p50'], 10)}{shown(stall['max'], 10)}"
                 f"{row['steps_lost_max']:>9}")
-  goodput = summary["goodput"]["goodput"]
+  goodput, every = summary["goodput"]["goodput"], summary["goodput"]["seconds_per_fault"]
   rows.append(f"runs finished {summary['runs_finished']}/{summary['runs']}, faults recovered "
               f"{summary['recoveries']}/{summary['faults_injected']}, goodput "
-              f"{'-' if goodput is None else f'{goodput:.1%}'}")
+              f"{'-' if goodput is None else f'{goodput:.1%}'}"
+              f"{'' if every is None else f' at a fault per {every:.0f} s of wall time'}")
   return "\n".join(rows)
 
 

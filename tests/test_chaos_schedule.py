@@ -247,10 +247,12 @@ def test_soak_summary_pools_runs_and_splits_by_kind_of_fault():
       "longest_stall_seconds": {"p50": 21.0, "max": 21.0}, "steps_lost_max": 150}
   assert summary["by_kind"]["worker never"]["faults"] == 1
   assert summary["by_kind"]["worker kill"]["recovery_seconds"] == {"p50": 4.0, "max": 4.0}
-  # (100 s + 12.5 s of fault-free time) over (125 s + 25 s) of wall time.
-  assert summary["goodput"] == {"goodput": 0.75, "lowest_run": 0.5}
+  # (100 s + 12.5 s of fault-free time) over (125 s + 25 s) of wall time,
+  # which saw 4 faults.
+  assert summary["goodput"] == {"goodput": 0.75, "lowest_run": 0.5, "seconds_per_fault": 37.5}
   assert chaos.soak_summary([None])["recovery_seconds"] == {"p50": None, "max": None}
-  assert chaos.soak_summary([None])["goodput"] == {"goodput": None, "lowest_run": None}
+  assert chaos.soak_summary([None])["goodput"] == {
+      "goodput": None, "lowest_run": None, "seconds_per_fault": None}
 
 
 def test_faults_by_step_parse_and_wait_for_their_step():

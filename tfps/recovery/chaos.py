@@ -333,7 +333,7 @@ def soak_summary(results: Sequence[dict | None]) -> dict:
       "steps_lost": sum(f["steps_lost"] for f in faults),
       "recovery_seconds": _seconds(faults),
       "longest_stall_seconds": _seconds(faults, "longest_stall_seconds"),
-      "goodput": _pooled_goodput([r["goodput"] for r in results if r and r.get("goodput")]),
+      "goodput": _pooled_goodput([r for r in results if r and r.get("goodput")]),
       "by_kind": {kind: {"faults": len(group),
                          "recovered": sum(1 for f in group if f["recovered"]),
                          "recovery_seconds": _seconds(group),
@@ -343,15 +343,20 @@ def soak_summary(results: Sequence[dict | None]) -> dict:
   }
 
 
-def _pooled_goodput(runs: Sequence[dict]) -> dict:
-  """The runs' goodput together, and the lowest of one run."""
-  measured = [r for r in runs if r.get("goodput") is not None]
-  wall = sum(r["wall_seconds"] for r in measured)
+def _pooled_goodput(results: Sequence[dict]) -> dict:
+  """The runs' goodput together, the lowest of one run, and the rate of faults they
+  ran at (their wall time over their faults: placed by step, faults come faster on
+  a faster host)."""
+  measured = [r for r in results if r["goodput"].get("goodput") is not None]
+  wall = sum(r["goodput"]["wall_seconds"] for r in measured)
   if not wall:
-    return {"goodput": None, "lowest_run": None}
-  needed = sum(r["kept_steps"] / r["fault_free_steps_per_sec"] for r in measured)
+    return {"goodput": None, "lowest_run": None, "seconds_per_fault": None}
+  needed = sum(r["goodput"]["kept_steps"] / r["goodput"]["fault_free_steps_per_sec"]
+               for r in measured)
+  faults = sum(len(r.get("faults", ())) for r in measured)
   return {"goodput": round(min(1.0, needed / wall), 4),
-          "lowest_run": min(r["goodput"] for r in measured)}
+          "lowest_run": min(r["goodput"]["goodput"] for r in measured),
+          "seconds_per_fault": round(wall / faults, 1) if faults else None}
 
 
 def _seconds(faults: Sequence[dict], key: str = "seconds_to_recover") -> dict:
