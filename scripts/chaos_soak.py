@@ -15,8 +15,8 @@ finished. A run whose result is already in its folder is not run again, so
 an interrupted soak continues where it stopped, in later sessions too: a run
 cut off before its result starts again from an empty model_dir (delete a
 run's folder to redo a finished one). Each run's folder names the code that
-ran it (`code.txt`: the git commit and whether the tree had changes), since
-the runs of one soak may span commits.
+ran it (`code.txt`: the git commit, and whether tfps/ or scripts/ had
+changes), since the runs of one soak may span commits.
 
 Flags after `--` go to every `tfps chaos` run unchanged.
 """
@@ -31,6 +31,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+import tfps
 from tfps.cluster import processes
 from tfps.recovery import chaos
 
@@ -50,9 +51,10 @@ flags.mark_flag_as_required("work_dir")
 def _one_run(seed: int, extra: list[str]) -> dict | None:
   run_dir = os.path.join(FLAGS.work_dir, f"run-{seed}")
   os.makedirs(run_dir, exist_ok=True)
+  model_dir = os.path.join(run_dir, "model")
   argv = [sys.executable, "-m", "tfps", "chaos", f"--seed={seed}",
           f"--fault_count={FLAGS.fault_count}", f"--train_steps={FLAGS.train_steps}",
-          f"--model_dir={os.path.join(run_dir, 'model')}", *extra]
+          f"--model_dir={model_dir}", *extra]
   if FLAGS.chaos_duration is not None:
     argv.insert(5, f"--chaos_duration={FLAGS.chaos_duration}")
   result_path = os.path.join(run_dir, "chaos.json")
@@ -60,7 +62,6 @@ def _one_run(seed: int, extra: list[str]) -> dict | None:
   if done is not None:
     logging.info("run seed=%d: result already in %s", seed, result_path)
     return done
-  model_dir = os.path.join(run_dir, "model")
   if os.path.exists(model_dir):
     logging.info("run seed=%d: no result, starting again from an empty %s", seed, model_dir)
     shutil.rmtree(model_dir)
@@ -86,16 +87,15 @@ def _one_run(seed: int, extra: list[str]) -> dict | None:
 
 
 def _code_version() -> str:
-  """The git commit of the tfps being run, `+changes` if its tree differs from it."""
-  import tfps  # pylint: disable=g-import-not-at-top
+  """The git commit of the tfps being run, `+changes` if its tfps/ or scripts/ differ."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(tfps.__file__)))
   git = lambda *args: subprocess.run(["git", "-C", root, *args], capture_output=True,
                                      text=True, timeout=30, check=False)
   head = git("rev-parse", "--short", "HEAD")
   if head.returncode != 0:
     return f"unknown (no git repository at {root})"
-  dirty = git("status", "--porcelain", "--untracked-files=no", "--", "tfps").stdout.strip()
-  return head.stdout.strip() + ("+changes" if dirty else "")
+  dirty = git("status", "--porcelain", "--untracked-files=no", "--", "tfps", "scripts").stdout
+  return head.stdout.strip() + ("+changes" if dirty.strip() else "")
 
 
 def _result(path: str) -> dict | None:
