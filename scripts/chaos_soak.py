@@ -6,8 +6,8 @@ Run i uses seed `--seed + i` and its own model_dir under `--work_dir`. Each
 run's JSON line is kept in `<work_dir>/run-<seed>/chaos.json` and its stderr
 in `chaos.log`; at the end a table goes to stderr and one JSON line to stdout:
 runs, runs_finished, faults_injected, recoveries, steps_lost,
-recovery_seconds and longest_stall_seconds {p50, max} (see
-`recovery.chaos.RecoveryTracker`), goodput {goodput, lowest_run,
+recovery_seconds, longest_stall_seconds and stall_beyond_loop_seconds
+{p50, max} (see `recovery.chaos.RecoveryTracker`), goodput {goodput, lowest_run,
 seconds_per_fault: the rate the runs met} and the same per kind of fault
 (`ps kill`, `chief term`, ...). A run that outlives `--run_deadline` is ended (its whole
 process group) and counted as not finished. Exit 0 only if every run
@@ -110,13 +110,14 @@ def _result(path: str) -> dict | None:
 
 def _table(summary: dict) -> str:
   rows = [f"{'fault':<14}{'count':>6}{'recovered':>10}{'p50 s':>8}{'max s':>8}"
-          f"{'stall p50':>10}{'stall max':>10}{'lost max':>9}"]
+          f"{'stall p50':>10}{'stall max':>10}{'beyond loop max':>16}{'lost max':>9}"]
   shown = lambda value, width: f"{value if value is not None else '-':>{width}}"
   for kind, row in summary["by_kind"].items():
     seconds, stall = row["recovery_seconds"], row["longest_stall_seconds"]
+    beyond = row["stall_beyond_loop_seconds"]["max"]  # None for runs before it was reported.
     rows.append(f"{kind:<14}{row['faults']:>6}{row['recovered']:>10}"
                 f"{shown(seconds['p50'], 8)}{shown(seconds['max'], 8)}"
-                f"{shown(stall['p50'], 10)}{shown(stall['max'], 10)}"
+                f"{shown(stall['p50'], 10)}{shown(stall['max'], 10)}{shown(beyond, 16)}"
                 f"{row['steps_lost_max']:>9}")
   goodput, every = summary["goodput"]["goodput"], summary["goodput"]["seconds_per_fault"]
   rows.append(f"runs finished {summary['runs_finished']}/{summary['runs']}, faults recovered "

@@ -74,7 +74,7 @@ def test_report():
   assert out["faults"][1] == {"target": "ps:0", "signal": "SIGTERM", "action": "term",
                               "back_after": 3.0, "time": 40.0, "recovered": True,
                               "seconds_to_recover": 12.0, "longest_stall_seconds": None,
-                              "steps_lost": 0}
+                              "stall_beyond_loop_seconds": None, "steps_lost": 0}
 
 
 def _record(step, time, restored=False):
@@ -135,6 +135,29 @@ def test_the_longest_stall_counts_a_later_loop_that_waits_for_a_cut_worker():
   (outcome,) = tracker.outcomes()
   assert (outcome.seconds_to_recover, outcome.longest_stall) == (0.1, 7.3)
   assert chaos.report([outcome])["longest_stall_seconds"] == {"p50": 7.3, "max": 7.3}
+
+
+def test_the_stall_beyond_a_loop_is_the_longest_stall_less_the_loops_before_the_fault():
+  # Measured (soak of 2026-11-26): with one worker away, each loop runs on
+  # the other alone, 1.45 s against ~0.7 s before; no loop waits longer.
+  tracker = chaos.RecoveryTracker()
+  tracker.observe([_record(0, 0.0, restored=True)]
+                  + [_record(200 * i, 10.0 + 0.7 * i) for i in range(1, 13)]
+                  + [_record(2600, 20.0)])  # A slow loop among the last ten: the median leaves it out.
+  tracker.injected(chaos.parse_faults("worker:1@20:term+5", CLUSTER)[0], wall_time=20.1,
+                   since_start=20.0)
+  tracker.observe([_record(2800, 21.0), _record(3000, 22.45), _record(3200, 23.2)])
+  (outcome,) = tracker.outcomes()
+  assert (outcome.longest_stall, outcome.loop_before) == (1.45, 0.7)
+  assert outcome.as_dict()["stall_beyond_loop_seconds"] == 0.75
+  # A restore starts the count of loops again: the first loop of a new
+  # coordinator, after its start, is no measure of an ordinary loop.
+  tracker.observe([_record(3000, 40.0, restored=True), _record(3200, 45.0)])
+  tracker.injected(chaos.parse_faults("ps:0@50:kill+3", CLUSTER)[0], wall_time=46.0,
+                   since_start=50.0)
+  tracker.observe([_record(3000, 55.0, restored=True), _record(3200, 60.0)])
+  assert tracker.outcomes()[1].loop_before is None
+  assert tracker.outcomes()[1].as_dict()["stall_beyond_loop_seconds"] is None
 
 
 def test_the_longest_stall_ends_at_the_next_fault_and_spans_a_restart():
@@ -244,7 +267,8 @@ def test_soak_summary_pools_runs_and_splits_by_kind_of_fault():
   assert summary["longest_stall_seconds"] == {"p50": 13.5, "max": 21.0}
   assert summary["by_kind"]["ps kill"] == {
       "faults": 2, "recovered": 1, "recovery_seconds": {"p50": 20.0, "max": 20.0},
-      "longest_stall_seconds": {"p50": 21.0, "max": 21.0}, "steps_lost_max": 150}
+      "longest_stall_seconds": {"p50": 21.0, "max": 21.0},
+      "stall_beyond_loop_seconds": {"p50": None, "max": None}, "steps_lost_max": 150}
   assert summary["by_kind"]["worker never"]["faults"] == 1
   assert summary["by_kind"]["worker kill"]["recovery_seconds"] == {"p50": 4.0, "max": 4.0}
   # (100 s + 12.5 s of fault-free time) over (125 s + 25 s) of wall time,

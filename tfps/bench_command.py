@@ -169,13 +169,14 @@ def _recovery(flags, work_dir: str, stop: signals.StopSignals) -> dict:
 
 def _recovery_lines(result: dict) -> list[str]:
   lines = [f"{'fault':<24} {'recovered':>9} {'s to recover':>12} {'longest stall s':>15} "
-           f"{'steps lost':>10}"]
+           f"{'beyond a loop s':>15} {'steps lost':>10}"]
   shown = lambda seconds: "-" if seconds is None else f"{seconds:.1f}"
   for f in result["faults"]:
     lines.append(f"{f.get('target', '?') + ' ' + str(f.get('action', '')):<24} "
                  f"{str(f.get('recovered')):>9} "
                  f"{shown(f.get('seconds_to_recover')):>12} "
                  f"{shown(f.get('longest_stall_seconds')):>15} "
+                 f"{shown(f.get('stall_beyond_loop_seconds')):>15} "
                  f"{f.get('steps_lost', 0):>10}")
   lines.append(f"{'parameters':>12} {'checkpoint MB':>13} {'save s':>7} "
                f"{'async: stall s':>14} {'write s':>7} {'restore s':>9}")

@@ -14,7 +14,8 @@ checkpoint restores, every example of a completed epoch was trained on
 (no eval in a train-only run, endless input) is listed in `skipped_checks`,
 not failed. One JSON line on stdout reports faults, recoveries, recovery
 seconds (to the first progress), each fault's longest stall (the longest
-time without progress until the next fault), steps lost, input accounting,
+time without progress until the next fault) and that less an ordinary
+loop's time (what the fault added), steps lost, input accounting,
 goodput and the timeline picture's path. Exit 0 only if every fault was
 recovered and every check passed; otherwise 1.
 """

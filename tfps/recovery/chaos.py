@@ -19,6 +19,7 @@ exercises every row that matters. Faults placed by step always land while
 training runs, on a fast host as on a slow one.
 """
 
+import collections
 import dataclasses
 import enum
 import random
@@ -186,13 +187,25 @@ class FaultOutcome:
   # The longest time without a loop ending, from the fault to the next fault
   # (or the end of the run); see RecoveryTracker.
   longest_stall: float | None = None
+  # The median time of the loops just before the fault: what a stall would be
+  # without it (a loop ends only when all its closures have).
+  loop_before: float | None = None
+
+  @property
+  def stall_beyond_loop(self) -> float | None:
+    """What the fault added to the longest stall: it less an ordinary loop."""
+    if self.longest_stall is None or self.loop_before is None:
+      return None
+    return round(max(0.0, self.longest_stall - self.loop_before), 2)
 
   def as_dict(self) -> dict:
     return {"target": str(self.fault.target), "signal": self.fault.action.name_of_fault,
             "action": self.fault.action.value,
             "back_after": self.fault.back_after, "time": round(self.injected_at, 2),
             "recovered": self.recovered, "seconds_to_recover": self.seconds_to_recover,
-            "longest_stall_seconds": self.longest_stall, "steps_lost": self.steps_lost}
+            "longest_stall_seconds": self.longest_stall,
+            "stall_beyond_loop_seconds": self.stall_beyond_loop,
+            "steps_lost": self.steps_lost}
 
 
 def report(outcomes: Sequence[FaultOutcome]) -> dict:
@@ -205,6 +218,7 @@ def report(outcomes: Sequence[FaultOutcome]) -> dict:
       "steps_lost": sum(o.steps_lost for o in outcomes),
       "recovery_seconds": _seconds(faults),
       "longest_stall_seconds": _seconds(faults, "longest_stall_seconds"),
+      "stall_beyond_loop_seconds": _seconds(faults, "stall_beyond_loop_seconds"),
   }
 
 
@@ -224,6 +238,7 @@ class _InFlight:
   last_loop_end: float = 0.0  # The fault itself, then each loop's end in its window.
   longest_stall: float = 0.0
   window_open: bool = True
+  loop_before: float | None = None
 
   @property
   def stall_known(self) -> bool:
@@ -249,13 +264,19 @@ class RecoveryTracker:
   at `--worker_timeout`. So each fault also gets its longest stall: the
   longest time without a loop ending between the fault and the next fault
   injected (or the end of the run), counted from the fault. Without a fault,
-  it is the time of one loop (~0.8 s for the default ctr on 2 cores).
+  it is the time of one loop (~0.8 s for the default ctr on 2 cores), so each
+  fault also gets its stall beyond a loop: the longest stall less the median
+  of the `LOOPS_BEFORE` loops that ended before it (under one coordinator).
   """
+
+  LOOPS_BEFORE = 10
 
   def __init__(self):
     self._faults: list[_InFlight] = []
     self._last_step = 0
     self._left_out: tuple[str, ...] = ()  # The running coordinator's (its restore record).
+    self._last_loop_end: float | None = None  # None after a restore: a start is no loop.
+    self._loop_seconds: collections.deque[float] = collections.deque(maxlen=self.LOOPS_BEFORE)
 
   def injected(self, fault: Fault, *, wall_time: float, since_start: float) -> None:
     # A cut, like a stop, may heal without a new coordinator: one shorter than
@@ -270,8 +291,11 @@ class RecoveryTracker:
       if f.window_open:
         f.longest_stall = max(f.longest_stall, wall_time - f.last_loop_end)
         f.window_open = False
+    loop_before = (round(statistics.median(self._loop_seconds), 2) if self._loop_seconds
+                   else None)
     self._faults.append(_InFlight(fault, wall_time, since_start, self._last_step,
-                                  self._last_step, needs_restore, last_loop_end=wall_time))
+                                  self._last_step, needs_restore, last_loop_end=wall_time,
+                                  loop_before=loop_before))
 
   def observe(self, records: Sequence[progress_lib.Progress]) -> None:
     for record in records:
@@ -294,6 +318,12 @@ class RecoveryTracker:
       self._last_step = record.step
       if record.restored:
         self._left_out = record.left_out
+        self._last_loop_end = None
+        self._loop_seconds.clear()  # A new coordinator's loops may differ (fast start).
+      else:
+        if self._last_loop_end is not None:
+          self._loop_seconds.append(record.time - self._last_loop_end)
+        self._last_loop_end = record.time
 
   @property
   def all_recovered(self) -> bool:
@@ -302,7 +332,8 @@ class RecoveryTracker:
   def outcomes(self) -> list[FaultOutcome]:
     return [FaultOutcome(f.fault, f.injected_at, f.seconds_to_recover is not None,
                          f.seconds_to_recover, f.steps_lost,
-                         round(f.longest_stall, 2) if f.stall_known else None)
+                         round(f.longest_stall, 2) if f.stall_known else None,
+                         f.loop_before)
             for f in self._faults]
 
 
@@ -333,11 +364,14 @@ def soak_summary(results: Sequence[dict | None]) -> dict:
       "steps_lost": sum(f["steps_lost"] for f in faults),
       "recovery_seconds": _seconds(faults),
       "longest_stall_seconds": _seconds(faults, "longest_stall_seconds"),
+      "stall_beyond_loop_seconds": _seconds(faults, "stall_beyond_loop_seconds"),
       "goodput": _pooled_goodput([r for r in results if r and r.get("goodput")]),
       "by_kind": {kind: {"faults": len(group),
                          "recovered": sum(1 for f in group if f["recovered"]),
                          "recovery_seconds": _seconds(group),
                          "longest_stall_seconds": _seconds(group, "longest_stall_seconds"),
+                         "stall_beyond_loop_seconds":
+                             _seconds(group, "stall_beyond_loop_seconds"),
                          "steps_lost_max": max(f["steps_lost"] for f in group)}
                   for kind, group in sorted(kinds.items())},
   }
