@@ -160,6 +160,34 @@ def test_the_stall_beyond_a_loop_is_the_longest_stall_less_the_loops_before_the_
   assert tracker.outcomes()[1].as_dict()["stall_beyond_loop_seconds"] is None
 
 
+def test_a_restart_taking_back_a_task_an_earlier_fault_left_out_is_not_a_later_faults_stall():
+  # Measured (soak of 2026-11-26, run 2): a ps SIGTERM, ps failover; a worker
+  # SIGTERM; 50 s later the coordinator restarts to take the ps back (9 s to
+  # its first loop), which the worker's window counted as its own stall.
+  from tfps.recovery import progress_log
+  tracker = chaos.RecoveryTracker()
+  tracker.observe([_record(1000, 10.0)])
+  tracker.injected(chaos.parse_faults("ps:0@20:term+5", CLUSTER)[0], wall_time=10.5,
+                   since_start=20.0)
+  tracker.observe([progress_log.Progress(1000, 20.0, restored=True, left_out=("ps:0",)),
+                   _record(1200, 21.0), _record(1400, 21.5)])
+  tracker.injected(chaos.parse_faults("worker:1@40:term+5", CLUSTER)[0], wall_time=22.0,
+                   since_start=40.0)
+  tracker.observe([_record(1600, 23.0), _record(1800, 24.0),
+                   _record(1800, 70.0, restored=True), _record(2000, 79.0)])
+  ps, worker = tracker.outcomes()
+  assert worker.longest_stall == 1.0 and worker.recovered
+  assert ps.longest_stall == 10.5  # From the fault to the failover's first loop.
+  # A restart that takes back the fault's own task stays in its window.
+  tracker = chaos.RecoveryTracker()
+  tracker.observe([_record(1000, 10.0)])
+  tracker.injected(chaos.parse_faults("ps:0@20:term+5", CLUSTER)[0], wall_time=10.5,
+                   since_start=20.0)
+  tracker.observe([progress_log.Progress(1000, 20.0, restored=True, left_out=("ps:0",)),
+                   _record(1200, 21.0), _record(1200, 70.0, restored=True), _record(1400, 79.0)])
+  assert tracker.outcomes()[0].longest_stall == 58.0  # 21.0 -> 79.0.
+
+
 def test_the_longest_stall_ends_at_the_next_fault_and_spans_a_restart():
   tracker = chaos.RecoveryTracker()
   tracker.observe([_record(500, 10.0)])

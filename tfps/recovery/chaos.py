@@ -263,7 +263,8 @@ class RecoveryTracker:
   waits for that worker; a worker that never returns costs a restart later,
   at `--worker_timeout`. So each fault also gets its longest stall: the
   longest time without a loop ending between the fault and the next fault
-  injected (or the end of the run), counted from the fault. Without a fault,
+  injected (or the end of the run, or a restart that takes back a task another
+  fault left out), counted from the fault. Without a fault,
   it is the time of one loop (~0.8 s for the default ctr on 2 cores), so each
   fault also gets its stall beyond a loop: the longest stall less the median
   of the `LOOPS_BEFORE` loops that ended before it (under one coordinator).
@@ -299,9 +300,14 @@ class RecoveryTracker:
 
   def observe(self, records: Sequence[progress_lib.Progress]) -> None:
     for record in records:
+      # A restart that takes back a task an earlier fault left out is that
+      # fault's cost: it ends the stall windows of the others, like a fault.
+      taken_back = set(self._left_out) - set(record.left_out) if record.restored else set()
       for f in self._faults:
         if record.time < f.injected_wall:
           continue
+        if taken_back and str(f.fault.target) not in taken_back:
+          f.window_open = False
         if f.window_open and not record.restored:
           f.longest_stall = max(f.longest_stall, record.time - f.last_loop_end)
           f.last_loop_end = record.time
