@@ -186,6 +186,17 @@ def test_a_restart_taking_back_a_task_an_earlier_fault_left_out_is_not_a_later_f
   tracker.observe([progress_log.Progress(1000, 20.0, restored=True, left_out=("ps:0",)),
                    _record(1200, 21.0), _record(1200, 70.0, restored=True), _record(1400, 79.0)])
   assert tracker.outcomes()[0].longest_stall == 58.0  # 21.0 -> 79.0.
+  # Nor the window of the fault the restart recovers, which may take back another
+  # task too (run 3: the restart after a ps:0 kill took back ps:1, out since a failover).
+  tracker = chaos.RecoveryTracker()
+  tracker.observe([progress_log.Progress(1000, 20.0, restored=True, left_out=("ps:1",)),
+                   _record(1200, 21.0)])
+  tracker.injected(chaos.parse_faults("ps:0@40:kill+5", CLUSTER)[0], wall_time=22.0,
+                   since_start=40.0)
+  tracker.observe([_record(1400, 22.5), _record(1200, 30.0, restored=True),
+                   _record(1400, 35.0)])
+  (ps,) = tracker.outcomes()
+  assert (ps.seconds_to_recover, ps.longest_stall) == (13.0, 12.5)
 
 
 def test_the_longest_stall_ends_at_the_next_fault_and_spans_a_restart():

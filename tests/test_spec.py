@@ -167,3 +167,9 @@ def test_without_renumbers_the_rest_of_each_job():
     cluster.without([TaskId(JobType.PS, i) for i in range(3)])
   with pytest.raises(spec_lib.ClusterSpecError, match="only workers and ps"):
     cluster.without([TaskId(JobType.CHIEF, 0)])
+  # A task named by the whole cluster (as its notices name it), in the reduced one.
+  left_out = [TaskId(JobType.WORKER, 1), TaskId(JobType.PS, 0)]
+  for task in (TaskId(JobType.PS, 1), TaskId(JobType.PS, 2), TaskId(JobType.WORKER, 2),
+               TaskId(JobType.WORKER, 0), TaskId(JobType.CHIEF, 0)):
+    assert reduced.address(spec_lib.renumbered(task, left_out)) == cluster.address(task)
+  assert spec_lib.renumbered(TaskId(JobType.PS, 0), left_out) is None

@@ -174,6 +174,19 @@ class ClusterSpec:
     return ClusterSpec(jobs=tuple(jobs))
 
 
+def renumbered(task: TaskId, left_out: Iterable[TaskId]) -> TaskId | None:
+  """`task` as `ClusterSpec.without(left_out)` numbers it; None if it is left out.
+
+  Tasks name themselves by the whole cluster (a ps's notice says `ps:1`);
+  a coordinator started without some of them addresses the rest renumbered.
+  """
+  drop = set(left_out)
+  if task in drop:
+    return None
+  before = sum(1 for t in drop if t.job == task.job and t.index < task.index)
+  return TaskId(task.job, task.index - before)
+
+
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
   """A validated cluster plus the role of this process in it."""

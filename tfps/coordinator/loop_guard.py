@@ -14,7 +14,8 @@ consistent. In order:
      the notice's deadline) until that ps is gone and exits retryable, so the
      supervisor restarts it once the ps is back and it restores exactly this
      checkpoint: zero steps lost. A worker notice needs nothing more: TF
-     re-runs the worker's closures elsewhere;
+     re-runs the worker's closures elsewhere; nor does a notice from a ps
+     this coordinator was started without (ps failover);
   4. the chief itself got SIGTERM: save and raise `Preempted` (exit 143).
 
 The trainer stops scheduling new closures as soon as an interrupt is pending
@@ -119,10 +120,18 @@ class LoopGuard:
       raise errors.Preempted(self._interrupts.stop_signal, detail=f"saved {path} at step {step}")
     for notice in notices:
       task = spec_lib.TaskId.parse(notice.task)
-      if task.job == spec_lib.JobType.PS:
-        self._wait_until_gone(task, notice.deadline_seconds)
-        raise errors.RetryableError(
-            f"{task} is being preempted; saved at step {step}, restart once it is back")
+      if task.job != spec_lib.JobType.PS:
+        continue
+      # The notice names the ps by the whole cluster; this coordinator's
+      # cluster may be renumbered after a failover, or lack that ps.
+      here = spec_lib.renumbered(task, map(spec_lib.TaskId.parse, self._left_out))
+      if here is None:
+        logging.info("%s is being preempted; this coordinator runs without it: training "
+                     "goes on", task)
+        continue
+      self._wait_until_gone(here, notice.deadline_seconds)
+      raise errors.RetryableError(
+          f"{task} is being preempted; saved at step {step}, restart once it is back")
 
   def _check_ps_state(self, step: int) -> None:
     """Raises `PsStateLost` if a ps lost its variables; saves first if it still can."""

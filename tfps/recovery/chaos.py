@@ -301,12 +301,13 @@ class RecoveryTracker:
   def observe(self, records: Sequence[progress_lib.Progress]) -> None:
     for record in records:
       # A restart that takes back a task an earlier fault left out is that
-      # fault's cost: it ends the stall windows of the others, like a fault.
+      # fault's cost: it ends the stall windows of the others, like a fault,
+      # but not of one that this restart recovers (it may take a task back too).
       taken_back = set(self._left_out) - set(record.left_out) if record.restored else set()
       for f in self._faults:
         if record.time < f.injected_wall:
           continue
-        if taken_back and str(f.fault.target) not in taken_back:
+        if taken_back and str(f.fault.target) not in taken_back and not f.needs_restore:
           f.window_open = False
         if f.window_open and not record.restored:
           f.longest_stall = max(f.longest_stall, record.time - f.last_loop_end)
