@@ -262,12 +262,12 @@ class RecoveryTracker:
   already done may end just after a worker is cut, and the *next* loop then
   waits for that worker; a worker that never returns costs a restart later,
   at `--worker_timeout`. So each fault also gets its longest stall: the
-  longest time without a loop ending between the fault and the next fault
+  longest time without a loop ending from the fault to the next fault
   injected (or the end of the run, or a restart that takes back a task another
-  fault left out), counted from the fault. Without a fault,
-  it is the time of one loop (~0.8 s for the default ctr on 2 cores), so each
-  fault also gets its stall beyond a loop: the longest stall less the median
-  of the `LOOPS_BEFORE` loops that ended before it (under one coordinator).
+  fault left out). Without a fault it is the time of one loop (~0.8 s for the
+  default ctr on 2 cores), so each fault also gets its stall beyond a loop:
+  the longest stall less the median of the `LOOPS_BEFORE` loops that ended
+  before it under the same coordinator.
   """
 
   LOOPS_BEFORE = 10
