@@ -141,9 +141,10 @@ def test_the_stall_beyond_a_loop_is_the_longest_stall_less_the_loops_before_the_
   # Measured (soak of 2026-11-26): with one worker away, each loop runs on
   # the other alone, 1.45 s against ~0.7 s before; no loop waits longer.
   tracker = chaos.RecoveryTracker()
+  # Loops of 0.7 s, then a slow one among the last ten: the median leaves it out.
   tracker.observe([_record(0, 0.0, restored=True)]
                   + [_record(200 * i, 10.0 + 0.7 * i) for i in range(1, 13)]
-                  + [_record(2600, 20.0)])  # A slow loop among the last ten: the median leaves it out.
+                  + [_record(2600, 20.0)])
   tracker.injected(chaos.parse_faults("worker:1@20:term+5", CLUSTER)[0], wall_time=20.1,
                    since_start=20.0)
   tracker.observe([_record(2800, 21.0), _record(3000, 22.45), _record(3200, 23.2)])

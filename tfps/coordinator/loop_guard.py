@@ -57,6 +57,7 @@ class LoopGuard:
     self._global_step = global_step
     self._cluster = cluster
     self._left_out = tuple(left_out)  # Tasks the supervisor left out (progress records).
+    self._left_out_ids = tuple(map(spec_lib.TaskId.parse, self._left_out))
     self._progress = progress_lib.ProgressLog(model_dir)
     self._events = events_lib.EventLog(model_dir)
     self._epochs_logged = 0  # Set from the restored ledger (account_restore).
@@ -124,7 +125,7 @@ class LoopGuard:
         continue
       # The notice names the ps by the whole cluster; this coordinator's
       # cluster may be renumbered after a failover, or lack that ps.
-      here = spec_lib.renumbered(task, map(spec_lib.TaskId.parse, self._left_out))
+      here = spec_lib.renumbered(task, self._left_out_ids)
       if here is None:
         logging.info("%s is being preempted; this coordinator runs without it: training "
                      "goes on", task)
