@@ -106,12 +106,14 @@ class LoopGuard:
                  "(the failed attempts' partial updates stay applied)"))
     if self._sentinels is not None:
       self._check_ps_state(step)
-    notices = self._interrupts.serve(self._save)
+    notices = self._interrupts.serve(self._save, unused=self._is_left_out)
     for notice in notices:
+      unused = self._is_left_out(notice)
       self._events.append(events_lib.Event(
           kind="action", task=notice.task, failure=policy.FailureKind.TASK_NOTICE.value,
-          action=policy.Action.SAVE_NOW.value, step=step,
-          detail=f"{notice.task} preempted with notice; checkpoint saved"))
+          action=(policy.Action.CONTINUE if unused else policy.Action.SAVE_NOW).value,
+          step=step, detail=f"{notice.task} preempted with notice; " + (
+              "not in use, training goes on" if unused else "checkpoint saved")))
     if self._interrupts.stop_requested:
       _, path = self._save()
       self._events.append(events_lib.Event(
@@ -133,6 +135,10 @@ class LoopGuard:
       self._wait_until_gone(here, notice.deadline_seconds)
       raise errors.RetryableError(
           f"{task} is being preempted; saved at step {step}, restart once it is back")
+
+  def _is_left_out(self, notice) -> bool:
+    """A notice from a task this coordinator was started without: nothing to save."""
+    return spec_lib.TaskId.parse(notice.task) in self._left_out_ids
 
   def _check_ps_state(self, step: int) -> None:
     """Raises `PsStateLost` if a ps lost its variables; saves first if it still can."""

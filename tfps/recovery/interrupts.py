@@ -59,11 +59,15 @@ class Interrupts:
       return request.reply
     return notices.Reply(saved=False, detail="the chief did not save within the deadline")
 
-  def serve(self, save: Callable[[], tuple[int, str]]) -> list[notices.Notice]:
+  def serve(self, save: Callable[[], tuple[int, str]],
+            unused: Callable[[notices.Notice], bool] = lambda notice: False,
+            ) -> list[notices.Notice]:
     """Called by the loop between loops: saves once for all waiting notices.
 
     Args:
       save: writes a checkpoint, returns (step, path).
+      unused: true for a notice from a task training does not use (a ps left
+        out by a failover): it is answered at once, without a save.
 
     Returns:
       The notices answered (empty when none was waiting).
@@ -72,6 +76,15 @@ class Interrupts:
       requests, self._requests = self._requests, []
     if not requests:
       return []
+    needed = []
+    for request in requests:
+      if unused(request.notice):
+        request.reply = notices.Reply(saved=False, detail="not in use: nothing to save for it")
+        request.done.set()
+      else:
+        needed.append(request)
+    if not needed:
+      return [r.notice for r in requests]
     try:
       step, path = save()
       reply = notices.Reply(saved=True, step=step, detail=f"saved {path}")
@@ -79,7 +92,7 @@ class Interrupts:
       reply = notices.Reply(saved=False, detail=f"save failed: {type(e).__name__}: {e}")
       raise
     finally:
-      for request in requests:
+      for request in needed:
         request.reply = reply
         request.done.set()
     return [r.notice for r in requests]
