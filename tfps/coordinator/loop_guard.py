@@ -14,8 +14,9 @@ consistent. In order:
      the notice's deadline) until that ps is gone and exits retryable, so the
      supervisor restarts it once the ps is back and it restores exactly this
      checkpoint: zero steps lost. A worker notice needs nothing more: TF
-     re-runs the worker's closures elsewhere; nor does a notice from a ps
-     this coordinator was started without (ps failover);
+     re-runs the worker's closures elsewhere. A notice from a task this
+     coordinator was started without (ps failover) is answered at once,
+     with no save;
   4. the chief itself got SIGTERM: save and raise `Preempted` (exit 143).
 
 The trainer stops scheduling new closures as soon as an interrupt is pending
@@ -109,6 +110,9 @@ class LoopGuard:
     notices = self._interrupts.serve(self._save, unused=self._is_left_out)
     for notice in notices:
       unused = self._is_left_out(notice)
+      if unused:
+        logging.info("%s is being preempted; this coordinator runs without it: training "
+                     "goes on", notice.task)
       self._events.append(events_lib.Event(
           kind="action", task=notice.task, failure=policy.FailureKind.TASK_NOTICE.value,
           action=(policy.Action.CONTINUE if unused else policy.Action.SAVE_NOW).value,
@@ -123,16 +127,12 @@ class LoopGuard:
       raise errors.Preempted(self._interrupts.stop_signal, detail=f"saved {path} at step {step}")
     for notice in notices:
       task = spec_lib.TaskId.parse(notice.task)
-      if task.job != spec_lib.JobType.PS:
+      if task.job != spec_lib.JobType.PS or self._is_left_out(notice):
         continue
       # The notice names the ps by the whole cluster; this coordinator's
-      # cluster may be renumbered after a failover, or lack that ps.
-      here = spec_lib.renumbered(task, self._left_out_ids)
-      if here is None:
-        logging.info("%s is being preempted; this coordinator runs without it: training "
-                     "goes on", task)
-        continue
-      self._wait_until_gone(here, notice.deadline_seconds)
+      # cluster may be renumbered after a failover.
+      self._wait_until_gone(spec_lib.renumbered(task, self._left_out_ids),
+                            notice.deadline_seconds)
       raise errors.RetryableError(
           f"{task} is being preempted; saved at step {step}, restart once it is back")
 

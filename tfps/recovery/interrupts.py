@@ -4,7 +4,8 @@ Two things may ask a training coordinator to break off:
   * a stop signal to the chief itself (SIGTERM: preemption) — stop
     scheduling, let in-flight closures finish, save, exit 143;
   * a preemption notice from a ps or worker over the control channel — save
-    a checkpoint at once and tell the task it is safe to go.
+    a checkpoint at once and tell the task it is safe to go (at once, with no
+    save, for a task training does not use).
 
 Both arrive on other threads (signal handler, gRPC server threads). The
 training loop polls `pending` between closures (cheap) and calls `serve`
