@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from tfps.coordinator import closure_plan
 from tfps.coordinator import closures as closures_lib
+from tfps.coordinator import worker_functions
 
 FULL = 4
 
@@ -31,7 +32,8 @@ class _Coordinator:
     self.ran = []
 
   def schedule(self, fn, args=()):
-    self.ran.append(fn.python_function.__name__)
+    name = fn.python_function.__name__  # Less this process's tag (`worker_functions`):
+    self.ran.append(name.removesuffix(f"_{worker_functions.PROCESS_TAG}"))
     return fn(*args)
 
 

@@ -21,6 +21,7 @@ from tfps.coordinator import experiment as experiment_lib
 from tfps.coordinator import positioned as positioned_lib
 from tfps.coordinator import strategy as strategy_lib
 from tfps.coordinator import trainer as trainer_lib
+from tfps.coordinator import worker_functions
 from tfps.recovery import coverage
 from tfps.recovery import events as events_lib
 from tfps.base import errors
@@ -125,7 +126,8 @@ class _ClosureLog:
     self._coordinator, self.names = coordinator, []
 
   def schedule(self, fn, args=None, kwargs=None):
-    self.names.append(fn.python_function.__name__)
+    name = fn.python_function.__name__  # Less this process's tag (`worker_functions`):
+    self.names.append(name.removesuffix(f"_{worker_functions.PROCESS_TAG}"))
     return self._coordinator.schedule(fn, args=args, kwargs=kwargs)
 
   def __getattr__(self, name):

@@ -6,6 +6,7 @@ device. The cluster version (a restarted coordinator, every example once) is
 in test_positioned_input.py.
 """
 
+import collections
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ import tensorflow as tf
 
 from tfps.coordinator import closures as closures_lib
 from tfps.coordinator import trace_cache
+from tfps.coordinator import worker_functions
 
 FULL = 4
 
@@ -196,3 +198,30 @@ def test_the_measuring_script_reads_the_last_coordinators_first_loop(tmp_path):
        "print(runpy.run_path(sys.argv[1])['first_loop'](sys.argv[2]))", script, str(tmp_path)],
       capture_output=True, text=True, timeout=60, check=True)
   assert result.stdout.strip() == "2.5"
+
+
+def _graph_cache_key(function) -> str:
+  """The name a worker's graph cache files `function` under: less TF's counter."""
+  return function.name.decode().rsplit("_", 1)[0]
+
+
+def test_every_coordinator_of_a_cluster_runs_the_closure_under_one_name(cache, monkeypatch):
+  cluster = {"chief": ["h:1"], "ps": ["h:2"], "worker": ["h:3", "h:4"]}
+
+  def coordinator_in(cluster):
+    # A new coordinator: a new process, which counts its rebuilds from 0.
+    monkeypatch.setattr(worker_functions, "_REBUILT", collections.Counter())
+    closures = _closures(_Trainer(), cache.in_cluster(cluster))
+    _train(closures)
+    return closures
+
+  first = coordinator_in(cluster)
+  traced = first._functions["full"].get_concrete_function(  # pylint: disable=protected-access
+      *closures_lib._SPECS["full"])  # pylint: disable=protected-access
+  assert worker_functions.PROCESS_TAG in _graph_cache_key(traced)  # Read by no other process.
+  # The first coordinator runs it rebuilt from what it stored, as the next ones do.
+  name = _graph_cache_key(first.concrete("full"))
+  assert name != _graph_cache_key(traced)
+  assert _graph_cache_key(coordinator_in(cluster).concrete("full")) == name
+  renumbered = {**cluster, "worker": ["h:4", "h:3"]}
+  assert _graph_cache_key(coordinator_in(renumbered).concrete("full")) != name

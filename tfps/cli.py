@@ -56,6 +56,10 @@ flags.DEFINE_integer("intra_op_threads", None,
 flags.DEFINE_bool("thread_spinning", False,
                   "ps/worker: let idle TF threads spin (off: they sleep, leaving the "
                   "cores to tasks with work).")
+flags.DEFINE_string("graph_cache_dir", None,
+                    "worker: where it keeps the function graphs TensorFlow optimized for it, "
+                    "for the next coordinator (default: <temp dir>/tfps-graph-cache; for "
+                    "tfps local, a scratch directory of the cluster's; '' turns it off).")
 flags.DEFINE_float("grace_seconds", 15.0,
                    "Seconds between SIGTERM and the hard kill (GKE Spot pods ~15, Spot VMs ~30).")
 flags.DEFINE_bool("preemption_notice", True,
@@ -200,12 +204,13 @@ _section("k8s")
 # The flags each command reads; `tfps CMD --help` lists these only.
 _HOST_ONLY = {"cluster_spec", "job_name", "task_index", "ps_hosts", "worker_hosts",
               "chief_host", "inter_op_threads", "intra_op_threads", "thread_spinning",
-              "preemption_notice", "supervise", "exclude_tasks", "run_spec", "result_file"}
+              "graph_cache_dir", "preemption_notice", "supervise", "exclude_tasks", "run_spec",
+              "result_file"}
 _CHIEF = [f for f in _sections["cluster"] if f not in _HOST_ONLY] + _sections["training"]
 COMMAND_FLAGS = {
     "run": _sections["cluster"] + _sections["training"],
-    "local": _CHIEF + _sections["local"],
-    "chaos": _CHIEF + _sections["local"] + _sections["chaos"],
+    "local": _CHIEF + ["graph_cache_dir"] + _sections["local"],
+    "chaos": _CHIEF + ["graph_cache_dir"] + _sections["local"] + _sections["chaos"],
     "k8s": _CHIEF + ["num_ps", "num_workers"] + _sections["k8s"],
     "bench": ["model_dir", "num_ps", "num_workers", "global_batch_size", "steps_per_loop",
               "steps_per_closure", "checkpoint_interval", "min_shard_bytes", "train_steps",

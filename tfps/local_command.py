@@ -95,7 +95,7 @@ def cluster_config(flags, model_dir: str) -> local.LocalClusterConfig:
   return local.LocalClusterConfig(
       num_ps=flags.num_ps, num_workers=flags.num_workers, work_dir=model_dir,
       isolate_network=flags.isolate_network, hosts=flags.hosts,
-      ready_timeout=flags.ready_timeout)
+      ready_timeout=flags.ready_timeout, graph_cache_dir=flags.graph_cache_dir)
 
 
 def chief_stdout_path(model_dir: str) -> str:

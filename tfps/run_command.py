@@ -18,6 +18,7 @@ from tfps.cluster import readiness
 from tfps.cluster import scratch as scratch_lib
 from tfps.cluster import spec as spec_lib
 from tfps.coordinator import api
+from tfps.ps_worker import graph_cache
 from tfps.recovery import notices
 from tfps.base import errors
 from tfps.recovery import coverage
@@ -58,6 +59,11 @@ def task_config_from_flags(flags) -> spec_lib.TaskConfig:
   return spec_lib.from_tf_config(os.environ.get("TF_CONFIG", ""))
 
 
+def graph_cache_root(flag: str | None) -> str | None:
+  """Where a worker keeps optimized graphs, from `--graph_cache_dir`; None: nowhere."""
+  return graph_cache.default_root() if flag is None else flag or None
+
+
 def run(flags) -> errors.ExitCode:
   from tfps.ps_worker import server  # Installs nothing on import; cheap.
 
@@ -69,7 +75,8 @@ def run(flags) -> errors.ExitCode:
       code = server.serve(config, stop, server.ServerOptions(
           inter_op_threads=flags.inter_op_threads, intra_op_threads=flags.intra_op_threads,
           thread_spinning=flags.thread_spinning, grace_seconds=flags.grace_seconds,
-          control_address=_control_address(config) if flags.preemption_notice else None))
+          control_address=_control_address(config) if flags.preemption_notice else None,
+          graph_cache_root=graph_cache_root(flags.graph_cache_dir)))
       stderr_filter.close()
       # A running TF server cannot be destroyed cleanly; leave without
       # running its destructors.

@@ -54,6 +54,9 @@ class LocalClusterConfig:
       task on its own virtual host with its own address, see `hosts`).
     ready_timeout: seconds to wait for every task to answer after a start.
     task_flags: extra flags for every ps/worker `tfps run`.
+    graph_cache_dir: where workers keep the function graphs TensorFlow
+      optimized for them (`ps_worker.graph_cache`); None: a scratch directory
+      of this cluster's, removed with it; "": they keep none.
   """
 
   num_ps: int = 2
@@ -63,6 +66,7 @@ class LocalClusterConfig:
   hosts: str = "loopback"
   ready_timeout: float = 90.0
   task_flags: tuple[str, ...] = ()
+  graph_cache_dir: str | None = None
 
   def __post_init__(self):
     for field in ("num_ps", "num_workers"):
@@ -172,6 +176,12 @@ class LocalCluster:
       # Removed by close(), or by a later cluster's sweep if this process is killed.
       self._temp_dir = scratch.ScratchDir("tfps-local-")
     self.work_dir = config.work_dir or self._temp_dir.path
+    self._graph_cache = None
+    if config.graph_cache_dir is None:
+      # Outlives worker restarts, not the cluster (a later sweep, if we are killed).
+      self._graph_cache = scratch.ScratchDir("tfps-graph-cache-")
+    graph_cache_dir = self._graph_cache.path if self._graph_cache else config.graph_cache_dir
+    self._worker_flags = (f"--graph_cache_dir={graph_cache_dir}",)
     self.log_dir = os.path.join(self.work_dir, "logs")
     self.network: netns.PrivateNetwork | None = None
     self.virtual_hosts: hosts_lib.VirtualHosts | None = None
@@ -204,7 +214,8 @@ class LocalCluster:
       for task in self.spec.tasks():
         if task.job == JobType.CHIEF:
           continue
-        handle = TaskHandle(self, task, self.task_argv(task, self.config.task_flags))
+        own = self._worker_flags if task.job == JobType.WORKER else ()
+        handle = TaskHandle(self, task, self.task_argv(task, (*own, *self.config.task_flags)))
         self.tasks[task] = handle
         handle.start()
       self.wait_ready()
@@ -236,8 +247,9 @@ class LocalCluster:
       self.network.close()
     if self.virtual_hosts is not None:
       self.virtual_hosts.close()
-    if self._temp_dir is not None:
-      self._temp_dir.cleanup()
+    for directory in (self._temp_dir, self._graph_cache):
+      if directory is not None:
+        directory.cleanup()
 
   # -- tasks --------------------------------------------------------------------
 

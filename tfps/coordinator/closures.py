@@ -20,7 +20,10 @@ function on the worker (a warm-up, `warm_up.train_or_skip`).
 
 With a `trace_cache.TraceCache` (positioned input), each is traced at most
 once per run: a closure an earlier coordinator traced is rebuilt from its
-stored graph, and one traced here is stored for the next coordinator.
+stored graph, and one traced here is stored for the next coordinator, then
+rebuilt from there too. A rebuilt closure has the name every coordinator of
+the same cluster gives it (`worker_functions`), so each worker reads back
+the graph it optimized for the last one instead of optimizing it again.
 
 `WarmClosures` says which a loop uses. A coordinator trains with the
 fast-start closure for the seconds `closure_plan.looped_seconds` gives it,
@@ -49,6 +52,7 @@ from tfps.coordinator import closure_plan
 from tfps.coordinator import step_logs
 from tfps.coordinator import trace_cache as trace_cache_lib
 from tfps.coordinator import warm_up
+from tfps.coordinator import worker_functions
 
 # A positioned closure's arguments for a warm-up (nothing is read), and their specs.
 _SKIP_SPECS = (tf.TensorSpec([], tf.bool), tf.TensorSpec([], tf.int64),
@@ -91,7 +95,8 @@ class TrainClosures:
                 sums = step_logs.add(sums, train_step(iterator), what)
           return sums
         return warm_up.train_or_skip(train, steps)
-      full_closure.__name__ = name  # TF's name for the function, and in logs.
+      # TF's name for the function (in logs too), and a worker's graph cache key.
+      full_closure.__name__ = worker_functions.traced(name)
       return full_closure
 
     def other_closure(train, num_steps, *source):
@@ -106,7 +111,8 @@ class TrainClosures:
     # No fast start where the written-out closure is no dearer.
     self.has_fast_start = min(unroll, full_size) > fast_unroll
     self._functions = {"full": tf.function(of_full_size(unroll, "full_closure")),
-                       "other": tf.function(other_closure)}
+                       "other": tf.function(worker_functions.named(other_closure,
+                                                                   "other_closure"))}
     if self.has_fast_start:
       self._functions["fast"] = tf.function(of_full_size(fast_unroll, "fast_closure"))
     self._train = tf.constant(True)
@@ -119,16 +125,17 @@ class TrainClosures:
   def _kind(self, kind: str) -> str:
     return "full" if kind == "fast" and not self.has_fast_start else kind
 
-  def _load(self, kind: str) -> bool:
+  def _load(self, kind: str, stored_here: bool = False) -> bool:
     """Rebuilds `kind` from the cache once, if stored there; whether it now is."""
-    if kind not in self._concrete and kind not in self._missing and self._cache is not None:
+    if kind not in self._stored and kind not in self._missing and self._cache is not None:
       function = self._cache.load(kind, _SPECS[kind], self._variables_root)
       if function is None:
         self._missing.add(kind)
       else:
         self._concrete[kind] = function
         self._stored.add(kind)
-        logging.info("%s closure rebuilt from the trace an earlier coordinator stored", kind)
+        if not stored_here:
+          logging.info("%s closure rebuilt from the trace an earlier coordinator stored", kind)
     return kind in self._stored
 
   def concrete(self, kind: str):
@@ -136,9 +143,10 @@ class TrainClosures:
     kind = self._kind(kind)
     if not self._load(kind) and kind not in self._concrete:
       function = self._functions[kind].get_concrete_function(*_SPECS[kind])
-      if self._cache is not None:
-        self._cache.save(kind, function, self._variables_root)
       self._concrete[kind] = function
+      if self._cache is not None and self._cache.save(kind, function, self._variables_root):
+        self._missing.discard(kind)
+        self._load(kind, stored_here=True)  # Under the name the next coordinator gives it.
     return self._concrete[kind]
 
   def write_out_stored(self) -> bool:

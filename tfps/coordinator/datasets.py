@@ -24,6 +24,7 @@ from absl import logging
 import tensorflow as tf
 
 from tfps.base import errors
+from tfps.coordinator import worker_functions
 
 # tf.data's ExternalStatePolicy: refuse datasets whose graph cannot be shipped
 # (py_function, from_generator); they could only run on the chief.
@@ -125,6 +126,7 @@ def per_worker_dataset(coordinator, dataset: Any, *, num_workers: int,
           num_input_pipelines=num_workers, input_pipeline_id=index,
           num_replicas_in_sync=num_replicas_in_sync))
 
+  dataset_fn.__name__ = worker_functions.traced("dataset_fn")  # A worker's graph cache key.
   return coordinator.create_per_worker_dataset(dataset_fn)
 
 

@@ -41,6 +41,7 @@ import tf_keras
 
 from tfps.coordinator import datasets
 from tfps.coordinator import strategy as strategy_lib
+from tfps.coordinator import worker_functions
 from tfps.base import errors
 
 
@@ -172,7 +173,7 @@ class PSEvaluator(orbit.AbstractEvaluator):
         evaluator.eval_dataset, num_shards,
         num_replicas_in_sync=runtime.strategy.num_replicas_in_sync,
         what=f"{what}.eval_dataset")
-    self._shard_fn = tf.function(self._run_shard)
+    self._shard_fn = tf.function(worker_functions.named(self._run_shard, "run_shard"))
 
   @property
   def evaluator(self) -> orbit.StandardEvaluator:

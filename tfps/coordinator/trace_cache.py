@@ -38,7 +38,6 @@ failure there is logged in one line and the closure is traced.
 import base64
 import dataclasses
 import hashlib
-import itertools
 import json
 import os
 import sys
@@ -56,10 +55,9 @@ from tensorflow.python.eager.polymorphic_function import concrete_function as co
 from tensorflow.python.framework import function_def_to_graph
 
 from tfps.coordinator import trace_relocation
+from tfps.coordinator import worker_functions
 
 FORMAT = 1
-# Function names must be unique in a process: each rebuild gets its own suffix.
-_REBUILDS = itertools.count()
 # The key field an entry may differ in: its ops are moved to the variables' tasks.
 LAYOUT = "num_ps"
 
@@ -164,14 +162,23 @@ def _renamed(library: function_pb2.FunctionDefLibrary, suffix: str) -> dict[str,
 
 @dataclasses.dataclass(frozen=True)
 class TraceCache:
-  """Stored traces under `directory`, valid for `key` (JSON-serializable)."""
+  """Stored traces under `directory`, valid for `key` (JSON-serializable).
+
+  `cluster` ({job: [address]}, the coordinator's) names the rebuilt functions
+  (`worker_functions`); it does not choose the entry.
+  """
 
   directory: str
   key: Mapping[str, Any]
+  cluster: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
 
   def extended(self, **more: Any) -> "TraceCache":
     """The same cache for a narrower key (e.g. the trainer's own settings)."""
-    return TraceCache(self.directory, {**self.key, **more})
+    return dataclasses.replace(self, key={**self.key, **more})
+
+  def in_cluster(self, cluster: Mapping[str, Sequence[str]]) -> "TraceCache":
+    """The same cache, for a coordinator of `cluster`."""
+    return dataclasses.replace(self, cluster=dict(cluster))
 
   def path(self, name: str) -> str:
     full_key = {**self.key, "function": name, "tensorflow": tf.__version__,
@@ -250,7 +257,7 @@ class TraceCache:
         if reason:
           reasons.append(reason)
           continue
-        function, moved = _rebuild(entry, input_specs, variables, moves)
+        function, moved = _rebuild(entry, input_specs, variables, moves, self.cluster)
       except trace_relocation.NotRelocatable as e:
         reasons.append(_not_movable(entry, e))
         continue
@@ -330,12 +337,17 @@ def _not_movable(entry: Mapping[str, Any], error: Exception) -> str:
 
 
 def _rebuild(entry: Mapping[str, Any], input_specs: Sequence[tf.TensorSpec],
-             variables: Mapping[tuple[int, int], tf.Variable], moves: dict):
+             variables: Mapping[tuple[int, int], tf.Variable], moves: dict,
+             cluster: Mapping[str, Sequence[str]]):
   """A `ConcreteFunction` from a stored entry, capturing `variables` (`_variables`),
-  its ops on a task moved as `moves` says (`trace_relocation`); and how many moved."""
+  its ops on a task moved as `moves` says (`trace_relocation`); and how many moved.
+
+  Its names stand for the entry, the moves and `cluster` (`worker_functions`).
+  """
   library = function_pb2.FunctionDefLibrary.FromString(base64.b64decode(entry["library"]))
   moved = trace_relocation.relocate(library, moves)
-  names = _renamed(library, f"_tfps{os.getpid()}_{next(_REBUILDS)}")
+  names = _renamed(library, worker_functions.rebuilt_suffix(
+      entry, sorted(map(str, moves.items())), cluster, tf.__version__))
   outer_name = names[entry["function"]]
   outer = None
   ctx = context.context()

@@ -263,7 +263,7 @@ class PSTrainer(orbit.StandardTrainer):
       make_iterator = lambda shard, start: iter(positioned.chunk(num_shards, shard, start))
       if self._trace_cache is not None:
         trainer_type = type(self._trainer)
-        cache = self._trace_cache.extended(
+        cache = self._trace_cache.in_cluster(self._runtime.cluster.as_dict()).extended(
             trainer=f"{trainer_type.__module__}.{trainer_type.__qualname__}",
             steps_per_closure=self._steps_per_closure, unroll=self._unroll,
             fast_unroll=closures_lib.FAST_UNROLL, input_shards=num_shards,

@@ -24,6 +24,7 @@ import grpc
 from absl import logging
 
 from tfps.cluster import server_threads
+from tfps.ps_worker import graph_cache
 from tfps.cluster import spec as spec_lib
 from tfps.recovery import notices
 from tfps.base import errors
@@ -51,6 +52,9 @@ class ServerOptions:
       ~15 s, Spot VMs ~30 s). On SIGTERM the task warns the chief and stays
       up, at most this long less a safety margin, while the chief saves.
     control_address: the chief's control channel; None disables the notice.
+    graph_cache_root: a worker keeps the function graphs TensorFlow optimized
+      for it in a directory of its own under this one, for the next
+      coordinator (`graph_cache`); None: it does not.
   """
 
   inter_op_threads: int | None = None
@@ -58,6 +62,7 @@ class ServerOptions:
   thread_spinning: bool = False
   grace_seconds: float = 15.0
   control_address: str | None = None
+  graph_cache_root: str | None = None
 
   def __post_init__(self):
     for name in ("inter_op_threads", "intra_op_threads"):
@@ -99,6 +104,12 @@ def serve(config: spec_lib.TaskConfig, stop: StopSignals,
   import tensorflow as tf  # Late: start-up cost and log noise only for servers.
 
   session_config = session_config_for(config.task.job, config.cluster, options, tf)
+  cache = None
+  if options.graph_cache_root and config.task.job == spec_lib.JobType.WORKER:
+    cache = graph_cache.task_directory(
+        options.graph_cache_root, config.task, config.address,
+        session_config.SerializeToString(deterministic=True), tf.__version__)
+    cache = cache if graph_cache.enable(cache) else None
   if stop.requested:  # Told to stop while TF was importing: do not start.
     return errors.exit_code_for_signal(stop.signum)
   try:
@@ -116,7 +127,12 @@ def serve(config: spec_lib.TaskConfig, stop: StopSignals,
         "then start again") from e
   logging.info("serving %s at %s (pid %d); SIGTERM stops it with exit code %d",
                config.task, config.address, os.getpid(), errors.ExitCode.PREEMPTED)
-  stop.wait()
+  if cache:
+    logging.info("%s keeps its optimized function graphs in %s", config.task, cache)
+    while not stop.wait(graph_cache.PRUNE_SECONDS):
+      graph_cache.prune(cache)
+  else:
+    stop.wait()
   if stop.signum == signal.SIGTERM and options.control_address:
     _warn_chief(config.task, options)
   code = errors.exit_code_for_signal(stop.signum)

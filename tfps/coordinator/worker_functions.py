@@ -1,0 +1,56 @@
+"""Names for the functions a coordinator runs on workers, safe for their graph cache.
+
+A worker keeps the graphs TensorFlow optimized for it on disk and reads one
+back by the function's name, without TensorFlow's per-process counter at its
+end (`ps_worker.graph_cache`), whatever the graph and the cluster it was
+placed for. So each name tfps schedules under stands for one graph in one
+cluster:
+
+* a function this coordinator traces is named with this process's own random
+  tag (`traced`): the next coordinator traces its own, maybe for another
+  cluster, and never reads this one's. Each is traced once per process (its
+  arguments' specs are fixed), so no two traces share a name;
+* a function rebuilt from a stored trace (`trace_cache`) is named after what
+  decides its optimized graph (`rebuilt_suffix`): the stored graph, where its
+  ops were moved, the cluster the coordinator runs in (a renumbered worker
+  would otherwise read a graph placed for another) and the TensorFlow
+  version. The next coordinator of the same cluster gives it the same name,
+  and its workers read the graph they optimized for the last one instead of
+  optimizing it again.
+"""
+
+import collections
+import functools
+import hashlib
+import json
+import secrets
+from typing import Any, Callable
+
+PROCESS_TAG = secrets.token_hex(6)
+_REBUILT: collections.Counter = collections.Counter()
+
+
+def traced(name: str) -> str:
+  """`name` for a function traced in this process."""
+  return f"{name}_{PROCESS_TAG}"
+
+
+def named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+  """`fn` (e.g. a bound method) as a function `tf.function` names `traced(name)`."""
+  @functools.wraps(fn)  # Its signature too.
+  def call(*args, **kwargs):
+    return fn(*args, **kwargs)
+  call.__name__ = call.__qualname__ = traced(name)
+  return call
+
+
+def rebuilt_suffix(*what: Any) -> str:
+  """The suffix for a rebuilt function's names, from everything in `what` (JSON-able).
+
+  The same `what` gets the same suffix in every process, told apart within
+  one by a count (the first is the same everywhere).
+  """
+  tag = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+  count = _REBUILT[tag]
+  _REBUILT[tag] += 1
+  return f"_{tag}x{count}"
