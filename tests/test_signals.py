@@ -4,8 +4,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 # The signal is sent to a thread other than the main one, as the kernel may
-# do in a process full of TF threads; the main thread waits without timeout.
+# do in a process full of TF threads; the main thread waits (WAIT).
 _SCRIPT = textwrap.dedent("""
     import signal, threading
     from tfps.base import signals
@@ -16,13 +18,16 @@ _SCRIPT = textwrap.dedent("""
       signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
     threading.Thread(target=other_thread, daemon=True).start()
     ready.set()
-    stop.wait()
+    WAIT
     print("stopped by", signal.Signals(stop.signum).name)
 """)
 
 
-def test_a_stop_signal_taken_by_another_thread_ends_the_wait():
-  done = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
-                        timeout=20)
+# Without a timeout, and with one far longer than the test's (a worker's wait
+# between prunes of its graph cache).
+@pytest.mark.parametrize("wait", ["stop.wait()", "while not stop.wait(600): pass"])
+def test_a_stop_signal_taken_by_another_thread_ends_the_wait(wait):
+  done = subprocess.run([sys.executable, "-c", _SCRIPT.replace("WAIT", wait)],
+                        capture_output=True, text=True, timeout=20)
   assert done.returncode == 0, done.stderr
   assert done.stdout.strip() == "stopped by SIGTERM"

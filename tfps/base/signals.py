@@ -7,6 +7,7 @@ ordinary control flow, never inside the handler.
 
 import signal
 import threading
+import time
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _WAKE_SECONDS = 0.5
@@ -37,12 +38,16 @@ class StopSignals:
     return self._event.is_set()
 
   def wait(self, timeout: float | None = None) -> bool:
-    if timeout is not None:
-      return self._event.wait(timeout)
+    """Whether a stop signal came, within `timeout` seconds (None: waits for one)."""
     # Python runs signal handlers on the main thread, between bytecodes. A
     # signal the kernel hands to one of TF's threads does not interrupt a
-    # main thread blocked in an untimed lock wait, so the handler (and the
-    # stop) would wait forever: wake up now and then to let it run.
-    while not self._event.wait(_WAKE_SECONDS):
-      pass
-    return True
+    # main thread blocked in a lock wait, so the handler (and the stop)
+    # would wait as long as that: wake up now and then to let it run.
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+      left = _WAKE_SECONDS if deadline is None else min(_WAKE_SECONDS,
+                                                        deadline - time.monotonic())
+      if left <= 0:
+        return self._event.is_set()
+      if self._event.wait(left):
+        return True

@@ -24,8 +24,8 @@ import grpc
 from absl import logging
 
 from tfps.cluster import server_threads
-from tfps.ps_worker import graph_cache
 from tfps.cluster import spec as spec_lib
+from tfps.ps_worker import graph_cache
 from tfps.recovery import notices
 from tfps.base import errors
 from tfps.base.signals import StopSignals
