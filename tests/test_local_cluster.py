@@ -7,6 +7,7 @@ tasks serving.
 
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -33,6 +34,11 @@ def _port(address: str) -> int:
 def _host_listening_ports() -> set[int]:
   out = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True, timeout=10).stdout
   return {int(line.split()[3].rpartition(":")[2]) for line in out.splitlines() if line.strip()}
+
+
+def _cmdline(pid: int) -> str:
+  with open(f"/proc/{pid}/cmdline", "rb") as f:
+    return f.read().replace(b"\0", b" ").decode()
 
 
 def _alive(pid: int) -> bool:
@@ -117,7 +123,11 @@ def test_close_leaves_no_process_and_no_socket(tmp_path):
     ports = {_port(cluster.spec.address(t)) for t in cluster.tasks}
     netns_inode = os.stat(f"/proc/{pids[0]}/ns/net").st_ino
     assert all(_alive(pid) for pid in pids)
+    # The worker's graph cache: in a scratch directory of the cluster's.
+    cache = re.search(r"--graph_cache_dir=(\S+)", _cmdline(cluster.worker(0).pid))[1]
+    assert os.path.isdir(cache) and "graph_cache_dir" not in _cmdline(cluster.ps(0).pid)
   assert not any(_alive(pid) for pid in pids)
+  assert not os.path.exists(cache)
   assert not ports & _host_listening_ports()
   if cluster.isolated:
     members = [p for p in os.listdir("/proc") if p.isdigit() and _netns_inode(p) == netns_inode]

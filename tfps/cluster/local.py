@@ -176,12 +176,7 @@ class LocalCluster:
       # Removed by close(), or by a later cluster's sweep if this process is killed.
       self._temp_dir = scratch.ScratchDir("tfps-local-")
     self.work_dir = config.work_dir or self._temp_dir.path
-    self._graph_cache = None
-    if config.graph_cache_dir is None:
-      # Outlives worker restarts, not the cluster (a later sweep, if we are killed).
-      self._graph_cache = scratch.ScratchDir("tfps-graph-cache-")
-    graph_cache_dir = self._graph_cache.path if self._graph_cache else config.graph_cache_dir
-    self._worker_flags = (f"--graph_cache_dir={graph_cache_dir}",)
+    self._graph_cache: scratch.ScratchDir | None = None  # Made by start().
     self.log_dir = os.path.join(self.work_dir, "logs")
     self.network: netns.PrivateNetwork | None = None
     self.virtual_hosts: hosts_lib.VirtualHosts | None = None
@@ -211,10 +206,15 @@ class LocalCluster:
     elif self.config.isolate_network:
       self.network = netns.PrivateNetwork.create()
     try:
+      graph_cache_dir = self.config.graph_cache_dir
+      if graph_cache_dir is None:
+        # Outlives worker restarts, not the cluster (a later sweep, if we are killed).
+        self._graph_cache = scratch.ScratchDir("tfps-graph-cache-")
+        graph_cache_dir = self._graph_cache.path
       for task in self.spec.tasks():
         if task.job == JobType.CHIEF:
           continue
-        own = self._worker_flags if task.job == JobType.WORKER else ()
+        own = (f"--graph_cache_dir={graph_cache_dir}",) if task.job == JobType.WORKER else ()
         handle = TaskHandle(self, task, self.task_argv(task, (*own, *self.config.task_flags)))
         self.tasks[task] = handle
         handle.start()
