@@ -210,8 +210,8 @@ def _run_local(model_dir: str, flags, *, timeout: float = RUN_TIMEOUT) -> LocalR
     addresses = [a for hosts in json.load(f)["cluster"].values() for a in hosts]
   ports = {int(a.rpartition(":")[2]) for a in addresses}
   return LocalRun(code=process.returncode, stdout=stdout, stderr=stderr, seconds=seconds,
-                  pids=pids, parents=parents, namespaces=namespaces - {own_namespace, None}, ports=ports,
-                  seen_listening=ports & listening, others=others)
+                  pids=pids, parents=parents, namespaces=namespaces - {own_namespace, None},
+                  ports=ports, seen_listening=ports & listening, others=others)
 
 
 @pytest.fixture(scope="module")

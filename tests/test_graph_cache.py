@@ -1,6 +1,8 @@
 """A worker's graph cache (tfps.ps_worker.graph_cache) and the names that make it safe
-(tfps.coordinator.worker_functions). No TensorFlow here but in the last test."""
+(tfps.coordinator.worker_functions); the coordinator's side with TensorFlow is in
+test_trace_cache.py."""
 
+import inspect
 import os
 import subprocess
 import sys
@@ -71,7 +73,6 @@ def test_a_traced_function_is_named_for_this_process_only():
   named = worker_functions.named(run_shard, "run_shard")
   assert named.__name__ == worker_functions.traced("run_shard")
   assert named(1) == (1, -1) and named.__doc__ == "One shard."
-  import inspect  # pylint: disable=import-outside-toplevel
   assert list(inspect.signature(named).parameters) == ["shard_index", "num_batches"]
 
 

@@ -108,8 +108,9 @@ class LoopGuard:
     if self._sentinels is not None:
       self._check_ps_state(step)
     notices = self._interrupts.serve(self._save, unused=self._is_left_out)
+    left_out = {notice.task for notice in notices if self._is_left_out(notice)}
     for notice in notices:
-      unused = self._is_left_out(notice)
+      unused = notice.task in left_out
       if unused:
         logging.info("%s is being preempted; this coordinator runs without it: training "
                      "goes on", notice.task)
@@ -127,7 +128,7 @@ class LoopGuard:
       raise errors.Preempted(self._interrupts.stop_signal, detail=f"saved {path} at step {step}")
     for notice in notices:
       task = spec_lib.TaskId.parse(notice.task)
-      if task.job != spec_lib.JobType.PS or self._is_left_out(notice):
+      if task.job != spec_lib.JobType.PS or notice.task in left_out:
         continue
       # The notice names the ps by the whole cluster; this coordinator's
       # cluster may be renumbered after a failover.
