@@ -72,7 +72,8 @@ def test_a_run_s_first_coordinator_rents_until_the_break_even():
 
 
 def test_the_measured_costs_break_even_after_minutes():
-  assert 200 <= closure_plan.MEASURED.break_even_seconds <= 250
+  assert 300 <= closure_plan.MEASURED.break_even_seconds <= 400
+  assert 100 <= closure_plan.STORED.break_even_seconds <= 150
 
 
 def test_after_long_lived_coordinators_the_next_writes_out_at_once():
@@ -121,3 +122,51 @@ def test_training_left_from_the_target_and_the_latest_loops_speed():
   assert closure_plan.plan(history, [], COSTS) == 0.0
   assert closure_plan.plan(history, [], COSTS, train_steps=30_001 + 5_000) == 0.0  # 50 s left.
   assert closure_plan.plan(history, [], COSTS, train_steps=30_001 + 2_000) == 32.0  # 20 s left.
+
+
+def _loops(start, seconds, *, restored_at=None, speed=100):
+  """A coordinator restored at `start` (and its step), then a loop a second for `seconds`."""
+  step = int(start * speed)
+  return [progress_log.Progress(step=step, time=float(start), restored=True)] + [
+      progress_log.Progress(step=step + speed * i, time=float(start + i))
+      for i in range(1, seconds + 1)]
+
+
+def test_a_kept_write_out_is_repaid_by_the_run_not_by_the_coordinator_s_life():
+  # Three coordinators that each lived 20 s, at 100 steps/s; 600 s of training left.
+  history = _loops(0, 20) + _loops(30, 20) + _loops(60, 20)
+  train_steps = history[-1].step + 600 * 100
+  # By lives (the write-out dies with the coordinator): rent to the break-even.
+  assert closure_plan.plan(history, [], COSTS, train_steps=train_steps) == 32.0
+  # Kept (stored, and read back by the workers): the 600 s left repay it now.
+  assert closure_plan.plan(history, [], COSTS, train_steps=train_steps, kept=True) == 0.0
+  # Unless less is left than the break-even...
+  assert closure_plan.plan(history, [], COSTS, train_steps=history[-1].step + 20 * 100,
+                           kept=True) == 32.0
+  # ...or the supervisor will soon replace this coordinator (its cluster goes with it).
+  assert closure_plan.plan(history, [], COSTS, train_steps=train_steps, kept=True,
+                           replaced_soon=True) == 32.0
+
+
+def test_a_kept_write_out_waits_for_the_speed_when_the_training_left_is_not_known():
+  # The run's first coordinator: no loop yet; or a run without a step target.
+  assert closure_plan.plan([], [], COSTS, train_steps=10_000, kept=True) == \
+      closure_plan.MEASURING_SECONDS
+  assert closure_plan.plan(_loops(0, 20), [], COSTS, kept=True) == \
+      closure_plan.MEASURING_SECONDS
+  assert 0 < closure_plan.MEASURING_SECONDS < COSTS.break_even_seconds
+
+
+def test_with_stored_traces_the_first_coordinator_and_any_stored_write_out_are_kept():
+  steps = 10**6
+  traced, stored = closure_plan.plans([], [], trace_cache=True, train_steps=steps)
+  assert traced == stored == closure_plan.MEASURING_SECONDS
+  # Later: short lives, hours left. A stored write-out is kept: at once. One
+  # traced here was not stored when it should have been: plan by lives.
+  history = _loops(0, 20) + _loops(30, 20)
+  traced, stored = closure_plan.plans(history, [], trace_cache=True, train_steps=steps)
+  assert stored == 0.0
+  assert traced == closure_plan.MEASURED.break_even_seconds
+  # Without stored traces every write-out dies with its coordinator.
+  assert closure_plan.plans([], [], trace_cache=False, train_steps=steps) == (
+      closure_plan.MEASURED.break_even_seconds, closure_plan.STORED.break_even_seconds)

@@ -96,10 +96,10 @@ def test_the_warm_up_calls_run_no_step():
   assert len(closures.warm_calls(True)) == 2 and len(closures.warm_calls(False)) == 1
 
 
-def _warm(counting, coordinator, *, looped_seconds):
+def _warm(counting, coordinator, *, looped_seconds, costs=closure_plan.MEASURED):
   return closures_lib.WarmClosures(
       _closures(counting), tf.distribute.get_strategy(), coordinator,
-      ready=threading.Event(), looped_seconds=looped_seconds)
+      ready=threading.Event(), looped_seconds=looped_seconds, costs=costs)
 
 
 def test_written_out_at_once_and_workers_warmed_once_before_the_first_loop():
@@ -158,6 +158,32 @@ def test_a_looped_start_does_not_write_out_when_the_training_left_cannot_repay_i
   clock[0] += 20
   warm.after_loop(step=2_000, steps_left=10**6)  # Hours left.
   assert warm.ready.is_set()
+
+
+def test_a_looped_start_with_a_target_decides_only_once_it_knows_the_speed(monkeypatch):
+  clock = [1000.0]
+  monkeypatch.setattr(closures_lib.time, "monotonic", lambda: clock[0])
+  costs = closure_plan.SwitchCosts(write_out_seconds=8.0, looped_speed=0.75)  # 32 s.
+  counting, coordinator = _Counting(), _Coordinator()
+  warm = _warm(counting, coordinator, looped_seconds=1, costs=costs)
+  clock[0] += 5  # A first loop longer than the looped time: no speed yet.
+  warm.after_loop(step=0, steps_left=10**6)
+  assert not warm.ready.is_set()
+  clock[0] += 1
+  warm.after_loop(step=100, steps_left=10_000)  # 100 steps/s: 100 s left, over 32 s.
+  assert warm.ready.is_set()
+  # The same training left under a dearer write-out (break-even 400 s) does not repay it.
+  warm = _warm(counting, coordinator, looped_seconds=1,
+               costs=closure_plan.SwitchCosts(write_out_seconds=100.0, looped_speed=0.75))
+  warm.after_loop(step=0, steps_left=10_100)
+  clock[0] += 1
+  warm.after_loop(step=100, steps_left=10_000)
+  assert not warm.ready.is_set()
+  # Nothing left to train: nothing to write out for.
+  warm = _warm(counting, coordinator, looped_seconds=1, costs=costs)
+  clock[0] += 5
+  warm.after_loop(step=0, steps_left=0)
+  assert not warm.ready.is_set()
 
 
 def test_a_write_out_pays_when_the_training_left_lasts_the_break_even():

@@ -123,8 +123,10 @@ flags.DEFINE_integer("steps_per_closure", 50, "Steps in one remote closure on a 
 flags.DEFINE_bool("fast_start", True,
                   "Start each coordinator with fast-start closures (5 steps per loop "
                   "iteration: ready in seconds, ~4% slower) and write the closures out once "
-                  "it has lived long enough to repay it, or at once when this run's recent "
-                  "coordinators lived that long.")
+                  "the run's training left repays it (with --trace_cache: the write-out "
+                  "outlasts the coordinator), else once the coordinator has lived long "
+                  "enough to repay it, or at once when this run's recent coordinators lived "
+                  "that long.")
 flags.DEFINE_bool("trace_cache", True,
                   "Store the traced train closures in model_dir/traces, so that a restarted "
                   "coordinator of the same program and configuration rebuilds them in a "

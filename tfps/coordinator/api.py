@@ -179,6 +179,7 @@ class CoordinatorConfig:
     min_shard_bytes: split variables larger than this across the ps tasks;
       None disables partitioning.
     fast_start: start with the fast-start closures and write out once the
+      run's training left repays it (with `trace_cache`), else once the
       coordinator has lived long enough to repay it, or at once after
       long-lived coordinators (`coordinator.closure_plan`).
     trace_cache: store the traced train closures in `model_dir/traces` and

@@ -3,22 +3,38 @@
 A coordinator can train with the fast-start closure, which is ready in a
 few seconds but runs a few percent slower, or stop training for the seconds
 it takes to trace the written-out closure and have the workers instantiate
-it, and then run at full speed (`coordinator.closures`). Which pays depends
-on how long the coordinator will live: a ps or chief fault ends it. That is
-the ski-rental problem: renting (the fast start) costs a share of every
-second, buying (writing out) a fixed price. Not knowing the future, the
-plan rents until the rent paid equals the price, then buys (the classic
-rule: never more than about twice the best choice in hindsight), except
-where the run's recent coordinators say the future:
+it, and then run at full speed (`coordinator.closures`). That is the
+ski-rental problem: renting (the fast start) costs a share of every second,
+buying (writing out) a fixed price. What decides is how long the purchase
+lasts.
 
-* recent ones lived at least the break-even time (the price over the fast
-  start's loss per second), and the training left takes that long too: this
-  one will live that long; write out at once;
+With stored traces (`coordinator.trace_cache`) a write-out outlasts the
+coordinator that paid for it: the coordinators after it rebuild the closure
+from the stored trace, and each worker reads back the graph it optimized
+(`ps_worker.graph_cache`). Then the run's training left is what must repay
+the price, and that is known from the run's target and speed: a coordinator
+writes out at once if the training left (`--train_steps` less the last step,
+at the latest loops' speed) lasts the break-even time (the price over the
+fast start's loss per second); a run's first coordinator, which knows no
+speed yet, trains looped for its first loops and decides then
+(`closures.WarmClosures.after_loop`).
+
+Without stored traces a write-out dies with its coordinator, and how long
+that lives is not known: a ps or chief fault ends it. The plan rents until
+the rent paid equals the price, then buys (the classic rule: never more
+than about twice the best choice in hindsight), except where the run's
+recent coordinators say the future:
+
+* recent ones lived at least the break-even time, and the training left
+  takes that long too: this one will live that long; write out at once;
 * otherwise (recent ones died sooner, this is the run's first coordinator,
   or this one runs without a worker or ps that the supervisor will restart
   it to take back): train with the fast start, and write out once this one
   has lived the break-even time after all. A coordinator that dies before
   then never paid the price.
+
+A coordinator the supervisor will soon replace to take a task back rents in
+either case: its cluster lasts only until then.
 
 A restart that takes a task back (a `back` task change in the event log)
 ends no life: it follows a fault's failover by the supervisor's choice, so
@@ -63,15 +79,24 @@ class SwitchCosts:
     return self.write_out_seconds / (1 - self.looped_speed)
 
 
-MEASURED = SwitchCosts()
+# A write-out traced here: the loop that wrote out took 9.3-19.0 s (median
+# 15.9, ~0.7 s of it training) at the first write-out of ten faulty runs on
+# the ctr (docs/recovery.md "Fast start").
+MEASURED = SwitchCosts(write_out_seconds=15.0)
 # A write-out whose closures an earlier coordinator traced (`trace_cache`):
 # only the workers' instantiation is left (first loop ~7.1 s against ~2.2 s
-# for the stored fast start; docs/recovery.md "Stored traces").
+# for the stored fast start; docs/recovery.md "Stored traces"), less where
+# the workers read their optimized graphs back.
 STORED = SwitchCosts(write_out_seconds=4.9)
 # The recent coordinators whose lives predict the next one's.
 RECENT = 5
 # The latest loops whose median speed says how long the training left takes.
 RECENT_LOOPS = 20
+# How long a coordinator whose write-out outlasts it trains looped when it
+# cannot tell the training left yet (no loop of the run, or no target): its
+# own first loops measure the speed, and it decides after them
+# (`closures.WarmClosures.after_loop`).
+MEASURING_SECONDS = 1.0
 
 
 def coordinator_lifetimes(records: Sequence[progress_log.Progress],
@@ -133,6 +158,16 @@ def looped_seconds(earlier_lifetimes: Sequence[float], costs: SwitchCosts = MEAS
   return costs.break_even_seconds
 
 
+def kept_looped_seconds(remaining: float | None, costs: SwitchCosts = MEASURED) -> float:
+  """Seconds a new coordinator trains looped when its write-out outlasts it (0: at once).
+
+  `remaining`: seconds of training left in the run (None: not known yet).
+  """
+  if remaining is None:
+    return MEASURING_SECONDS
+  return 0.0 if remaining >= costs.break_even_seconds else costs.break_even_seconds
+
+
 def write_out_pays(seconds_left: float | None, costs: SwitchCosts = MEASURED) -> bool:
   """Whether a write-out now can repay itself: the training left (None: not known)
   lasts at least the break-even time."""
@@ -155,17 +190,38 @@ def remaining_seconds(records: Sequence[progress_log.Progress],
 
 def plan(records: Sequence[progress_log.Progress], events: Iterable[events_lib.Event],
          costs: SwitchCosts = MEASURED, *, replaced_soon: bool = False,
-         train_steps: int | None = None) -> float:
+         train_steps: int | None = None, kept: bool = False) -> float:
   """`looped_seconds` for a coordinator starting now, from the run's logs so far.
 
   `records` and `events` are the run's progress records and events before
   this coordinator's restore; `train_steps`, the step the run trains to
-  (None: not known).
+  (None: not known); `kept`: the write-out outlasts this coordinator (see
+  the module docstring; `plans` says when).
   """
+  remaining = remaining_seconds(records, train_steps)
+  if kept and not replaced_soon:
+    return kept_looped_seconds(remaining, costs)
   restarts = planned_restarts(events)
   lifetimes = coordinator_lifetimes(records, restarts)
   lived = 0.0
   if lifetimes and _restarted_between(restarts, records[-1].time, float("inf")):
     lived = lifetimes.pop()  # This coordinator continues the last life.
   return looped_seconds(lifetimes, costs, replaced_soon=replaced_soon, lived=lived,
-                        remaining=remaining_seconds(records, train_steps))
+                        remaining=remaining)
+
+
+def plans(records: Sequence[progress_log.Progress], events: Sequence[events_lib.Event], *,
+          trace_cache: bool, replaced_soon: bool = False,
+          train_steps: int | None = None) -> tuple[float, float]:
+  """`plan` for a coordinator starting now: (traced here, stored by an earlier coordinator).
+
+  With `trace_cache` a stored write-out outlasts the coordinator. So does
+  one traced by the run's first coordinator, which stores it; a later
+  coordinator that traces found nothing stored that fits (its predecessor
+  died first, or the trace cannot be stored) and plans by lives.
+  """
+  first = not any(record.restored for record in records)
+  return (plan(records, events, MEASURED, replaced_soon=replaced_soon,
+               train_steps=train_steps, kept=trace_cache and first),
+          plan(records, events, STORED, replaced_soon=replaced_soon,
+               train_steps=train_steps, kept=trace_cache))

@@ -26,19 +26,19 @@ the same cluster gives it (`worker_functions`), so each worker reads back
 the graph it optimized for the last one instead of optimizing it again.
 
 `WarmClosures` says which a loop uses. A coordinator trains with the
-fast-start closure for the seconds `closure_plan.looped_seconds` gives it,
-then writes out from the next loop (at once when that is 0). The write-out
-is in the foreground: the next loop traces it, and every worker
-instantiates it before its first such closure, all at once. (Tracing it in
-a background thread beside training was never the better choice on 2
-cores: there the trace and a worker-by-worker warm-up took ~2.5x as long
-and slowed training to ~0.55x; docs/recovery.md "Fast start".) Warm
-workers: before the first loop of each kind, a per-worker resource has every
-worker instantiate that kind's closures before its first closure, and has
-TF do it again on a worker it takes back after a restart, before it hands
-that worker a closure: no loop waits for a cold worker after that. The
-steps and their order are the same in every closure; only their cost
-changes.
+fast-start closure for the seconds `closure_plan.plan` gives it, then
+writes out from the next loop (at once when that is 0) if the training left
+repays it. The write-out is in the foreground: the next loop traces it, and
+every worker instantiates it before its first such closure, all at once.
+(Tracing it in a background thread beside training was never the better
+choice on 2 cores: there the trace and a worker-by-worker warm-up took
+~2.5x as long and slowed training to ~0.55x; docs/recovery.md "Fast
+start".) Warm workers: before the first loop of each kind, a per-worker
+resource has every worker instantiate that kind's closures before its
+first closure, and has TF do it again on a worker it takes back after a
+restart, before it hands that worker a closure: no loop waits for a cold
+worker after that. The steps and their order are the same in every
+closure; only their cost changes.
 """
 
 import threading
@@ -184,17 +184,21 @@ class WarmClosures:
 
   `ready` is set once full-size closures are written out: at once when
   `looped_seconds` is 0, else after the first loop that ends that many
-  seconds after this object was made (the coordinator's first loop).
+  seconds after this object was made (the coordinator's first loop) and
+  finds the training left long enough to repay `costs` (known from the
+  second loop on, when there is a target).
   """
 
   def __init__(self, closures: TrainClosures, strategy, coordinator, *,
-               ready: threading.Event, looped_seconds: float):
+               ready: threading.Event, looped_seconds: float,
+               costs: closure_plan.SwitchCosts = closure_plan.MEASURED):
     self._closures = closures
+    self._costs = costs  # What the write-out costs here (traced or stored).
     self._strategy = strategy
     self._coordinator = coordinator
     self.ready = ready
-    self._looped_until = time.monotonic() + looped_seconds
-    self._looped_seconds = looped_seconds
+    self._made = time.monotonic()
+    self._looped_until = self._made + looped_seconds
     # The kind of loop the workers are kept warm for (None: not yet), and
     # the per-worker resources doing it, kept: TF forgets one nobody holds.
     self._warm_for: bool | None = None
@@ -204,8 +208,9 @@ class WarmClosures:
     if looped_seconds <= 0:
       self.ready.set()
     else:
-      logging.info("full-size closures %d steps per loop iteration for %.0fs, then "
-                   "written out (closure_plan)", FAST_UNROLL, looped_seconds)
+      logging.info("full-size closures %d steps per loop iteration for %.0fs or more, then "
+                   "written out if the training left repays it (closure_plan)",
+                   FAST_UNROLL, looped_seconds)
 
   @property
   def workers_kept_warm(self) -> bool:
@@ -228,9 +233,9 @@ class WarmClosures:
       self._warm_for = written_out
 
   def after_loop(self, step: int | None = None, steps_left: int | None = None) -> None:
-    """After each loop: write out from the next one once this coordinator has lived long
-    enough, unless the training left (`steps_left` after global step `step`, at
-    the speed since the first loop) is too short to repay it."""
+    """After each loop: write out from the next one once the looped time is past,
+    unless the training left (`steps_left` after global step `step`, at the
+    speed since the first loop) is too short to repay it."""
     now = time.monotonic()
     if self._first_loop is None and step is not None:
       self._first_loop = (now, step)
@@ -239,14 +244,19 @@ class WarmClosures:
     seconds_left = None
     if self._first_loop is not None and steps_left is not None and step is not None:
       since, first_step = self._first_loop
-      if now > since and step > first_step:
+      if steps_left == 0:
+        seconds_left = 0.0
+      elif now > since and step > first_step:
         seconds_left = steps_left * (now - since) / (step - first_step)
-    if not closure_plan.write_out_pays(seconds_left):
+      else:
+        return  # The speed is not known before a second loop: decide after it.
+    if not closure_plan.write_out_pays(seconds_left, self._costs):
       if not self._stays_looped:
         logging.info("the training left (~%.0fs) is too short to repay a write-out: the "
                      "full-size closures stay looped", seconds_left)
         self._stays_looped = True
       return
-    logging.info("this coordinator has lived %.0fs: writing out the full-size closures "
-                 "(the next loop traces them)", self._looped_seconds)
+    left = "not known" if seconds_left is None else f"~{seconds_left:.0f}s"
+    logging.info("writing out the full-size closures after %.0fs looped (training left: %s; "
+                 "the next loop traces them)", now - self._made, left)
     self.ready.set()

@@ -145,10 +145,9 @@ def _looped_seconds(config: CoordinatorConfig) -> tuple[float, float]:
     return 0.0, 0.0
   records = progress_log.ProgressLog(config.model_dir).read_new()  # This run's, so far.
   events = events_lib.EventLog(config.model_dir).read()
-  return tuple(closure_plan.plan(records, events, costs,
-                                 replaced_soon=bool(config.tasks_expected_back),
-                                 train_steps=config.train_steps)
-               for costs in (closure_plan.MEASURED, closure_plan.STORED))
+  return closure_plan.plans(records, events, trace_cache=config.trace_cache,
+                            replaced_soon=bool(config.tasks_expected_back),
+                            train_steps=config.train_steps)
 
 
 def _trace_cache(config: CoordinatorConfig) -> trace_cache.TraceCache | None:

@@ -59,6 +59,7 @@ from absl import logging
 import orbit
 import tensorflow as tf
 
+from tfps.coordinator import closure_plan
 from tfps.coordinator import closures as closures_lib
 from tfps.coordinator import datasets
 from tfps.coordinator import ledger as ledger_lib
@@ -282,12 +283,12 @@ class PSTrainer(orbit.StandardTrainer):
       # Written out from the start, without a warm-up (its calls are positioned).
       self.full_closure_ready.set()
     else:
-      looped_seconds = self._looped_seconds
+      looped_seconds, costs = self._looped_seconds, closure_plan.MEASURED
       if self._looped_seconds_stored is not None and closures.write_out_stored():
-        looped_seconds = self._looped_seconds_stored
+        looped_seconds, costs = self._looped_seconds_stored, closure_plan.STORED
       self._warm = closures_lib.WarmClosures(
           closures, strategy, coordinator, ready=self.full_closure_ready,
-          looped_seconds=looped_seconds if closures.has_fast_start else 0.0)
+          looped_seconds=looped_seconds if closures.has_fast_start else 0.0, costs=costs)
 
     def sources(iterator, num_steps: int, start_step: int | None):
       """(size, closure arguments, chunk) of each closure of the loop, taken as scheduled."""
