@@ -216,9 +216,10 @@ def plans(records: Sequence[progress_log.Progress], events: Sequence[events_lib.
   """`plan` for a coordinator starting now: (traced here, stored by an earlier coordinator).
 
   With `trace_cache` a stored write-out outlasts the coordinator. So does
-  one traced by the run's first coordinator, which stores it; a later
-  coordinator that traces found nothing stored that fits (its predecessor
-  died first, or the trace cannot be stored) and plans by lives.
+  one traced by the run's first coordinator, which stores it. A later
+  coordinator that has to trace found nothing stored that fits (its
+  predecessor died before storing it, or the trace cannot be stored): it
+  plans by lives.
   """
   first = not any(record.restored for record in records)
   return (plan(records, events, MEASURED, replaced_soon=replaced_soon,
