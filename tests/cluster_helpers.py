@@ -148,3 +148,12 @@ class ChiefRun:
     with open(self.chief.log_path, "rb") as f:
       f.seek(self._log_offset)
       return f.read().decode("utf-8", errors="replace")
+
+
+def cmdline(pid: int | str) -> str:
+  """A process's command line, its arguments joined by spaces ('' once it is gone)."""
+  try:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+      return f.read().replace(b"\0", b" ").decode(errors="replace")
+  except OSError:
+    return ""

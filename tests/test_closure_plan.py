@@ -124,7 +124,7 @@ def test_training_left_from_the_target_and_the_latest_loops_speed():
   assert closure_plan.plan(history, [], COSTS, train_steps=30_001 + 2_000) == 32.0  # 20 s left.
 
 
-def _loops(start, seconds, *, restored_at=None, speed=100):
+def _loops(start, seconds, *, speed=100):
   """A coordinator restored at `start` (and its step), then a loop a second for `seconds`."""
   step = int(start * speed)
   return [progress_log.Progress(step=step, time=float(start), restored=True)] + [

@@ -26,6 +26,8 @@ from tfps.cluster import local
 from tfps.cluster import processes
 from tfps.cluster import spec as spec_lib
 
+import cluster_helpers
+
 pytestmark = pytest.mark.cluster
 
 TFPS = [sys.executable, "-m", "tfps"]
@@ -57,14 +59,6 @@ _RESTORED = re.compile(r"restored (\S+) at step (\d+)")
 
 # --- processes of a run ---------------------------------------------------------------
 
-def _cmdline(pid: str) -> str:
-  try:
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-      return f.read().replace(b"\0", b" ").decode(errors="replace")
-  except OSError:
-    return ""
-
-
 def _is_standby(pid: int) -> bool:
   """Whether `pid` is a warm standby coordinator (recovery.standby sets this)."""
   try:
@@ -85,7 +79,8 @@ def _alive(pid: int) -> bool:
 def _pids_mentioning(text: str) -> set[int]:
   """Live processes whose command line contains `text` (e.g. a run's model_dir)."""
   return {int(p) for p in os.listdir("/proc")
-          if p.isdigit() and int(p) != os.getpid() and text in _cmdline(p) and _alive(int(p))}
+          if p.isdigit() and int(p) != os.getpid() and text in cluster_helpers.cmdline(p)
+          and _alive(int(p))}
 
 
 def _parent(pid: str) -> int | None:
@@ -193,7 +188,7 @@ def _run_local(model_dir: str, flags, *, timeout: float = RUN_TIMEOUT) -> LocalR
       # still shows its parent's command line and environment.
       named = _pids_mentioning(model_dir)
       for pid in named | _children_of(named | set(pids)):
-        cmdline = _cmdline(str(pid))
+        cmdline = cluster_helpers.cmdline(pid)
         if cmdline:  # Not gone in between.
           pids[pid] = cmdline + (" [standby]" if _is_standby(pid) else "")
           parents[pid] = _parent(str(pid))
@@ -270,8 +265,9 @@ def test_local_reports_progress_on_stderr(first_run):
 def _check_nothing_left(run: LocalRun, model_dir: str) -> None:
   assert run.pids, "saw no process of the run (the /proc scan found nothing)"
   left = {pid for pid in run.pids
-          if _alive(pid) and _cmdline(str(pid)) and run.pids[pid].startswith(_cmdline(str(pid)))}
-  assert not left, {pid: _cmdline(str(pid)) for pid in left}
+          if _alive(pid) and cluster_helpers.cmdline(pid)
+          and run.pids[pid].startswith(cluster_helpers.cmdline(pid))}
+  assert not left, {pid: cluster_helpers.cmdline(pid) for pid in left}
   assert not _pids_mentioning(model_dir)
   # The private network: no process is left in it (so the kernel frees it)...
   assert not _processes_in(run.namespaces)

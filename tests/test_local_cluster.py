@@ -22,6 +22,8 @@ from tfps.cluster import readiness
 from tfps.cluster import spec as spec_lib
 from tfps.base import errors
 
+import cluster_helpers
+
 pytestmark = pytest.mark.cluster
 
 WORKER_0 = spec_lib.TaskId(spec_lib.JobType.WORKER, 0)
@@ -34,11 +36,6 @@ def _port(address: str) -> int:
 def _host_listening_ports() -> set[int]:
   out = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True, timeout=10).stdout
   return {int(line.split()[3].rpartition(":")[2]) for line in out.splitlines() if line.strip()}
-
-
-def _cmdline(pid: int) -> str:
-  with open(f"/proc/{pid}/cmdline", "rb") as f:
-    return f.read().replace(b"\0", b" ").decode()
 
 
 def _alive(pid: int) -> bool:
@@ -124,8 +121,9 @@ def test_close_leaves_no_process_and_no_socket(tmp_path):
     netns_inode = os.stat(f"/proc/{pids[0]}/ns/net").st_ino
     assert all(_alive(pid) for pid in pids)
     # The worker's graph cache: in a scratch directory of the cluster's.
-    cache = re.search(r"--graph_cache_dir=(\S+)", _cmdline(cluster.worker(0).pid))[1]
-    assert os.path.isdir(cache) and "graph_cache_dir" not in _cmdline(cluster.ps(0).pid)
+    worker, ps = (cluster_helpers.cmdline(task.pid) for task in (cluster.worker(0), cluster.ps(0)))
+    cache = re.search(r"--graph_cache_dir=(\S+)", worker)[1]
+    assert os.path.isdir(cache) and "graph_cache_dir" not in ps
   assert not any(_alive(pid) for pid in pids)
   assert not os.path.exists(cache)
   assert not ports & _host_listening_ports()
