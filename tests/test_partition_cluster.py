@@ -2,21 +2,24 @@
 
 The session's LocalCluster on virtual hosts (`netns_cluster` in conftest.py:
 1 ps, 2 workers, every task on its own network namespace and address) serves
-the module. The first test
-trains a supervised chief to completion on it; the rest share one chief
-training without end (same model_dir, so it resumes from the first run),
-cut one task's link each, check from the progress log (`progress.jsonl`) and
-the event log how training came back, then heal the link. A cut link drops
+the module. Its tests share one supervised chief training without end; each
+cuts one task's link, checks from the progress log (`progress.jsonl`) and the
+event log how training came back, then heals the link. A cut link drops
 packets (TCP hangs, nothing is refused), which is what these tests are about.
+The last test kills a worker for good instead (refused at once, no hang):
+the failure matrix's "worker gone for good" row, here because this chief's
+--worker_timeout is short (the row tests' chief needs one long enough for a
+killed worker to come back, test_recovery_cluster.py).
 
 Every wait is bounded and names what it waited for. Skipped, with the
 reason, where network namespaces cannot be made (not root, no iproute2).
 """
 
-import json
-import os
+import signal
 
 import pytest
+
+from tfps.cluster import processes
 
 from tfps.recovery import policy
 
@@ -55,21 +58,6 @@ def model_dir(tmp_path_factory):
   return str(path)
 
 
-def test_namespaced_cluster_trains_to_completion(cluster, model_dir):
-  addresses = [cluster.spec.address(t) for t in cluster.spec.tasks()]
-  assert all(a.startswith("10.213.0.") for a in addresses), addresses
-  stdout = os.path.join(model_dir, "first.stdout")
-  chief = cluster.add_chief([f"--model_dir={model_dir}", *_chief_flags(200)],
-                            stdout_path=stdout)
-  chief.start()
-  assert chief.wait(timeout=240) == 0, f"see {chief.log_path}"
-  with open(stdout) as f:
-    (line,) = [l for l in f if l.startswith("{")]
-  result = json.loads(line)
-  assert result["global_step"] >= 200 and result["status"] == "finished", result
-  assert result["faults"] == 0 and result["restarts"] == 0
-
-
 @pytest.fixture(scope="module")
 def run(cluster, model_dir):
   training = cluster_helpers.ChiefRun(cluster, model_dir, _chief_flags(10_000_000))
@@ -86,6 +74,13 @@ def _healthy(request):
     training.cluster.wait_ready(timeout=60)
     training.wait_for_step(training.step, timeout=120)
   yield
+
+
+def test_every_task_has_its_own_address_and_the_chief_trains(run):
+  addresses = [run.cluster.spec.address(t) for t in run.cluster.spec.tasks()]
+  assert all(a.startswith("10.213.0.") for a in addresses), addresses
+  assert len(set(addresses)) == len(addresses), addresses
+  run.wait_for_step(run.step + 100)
 
 
 def test_partitioned_worker_is_left_out_then_readmitted_when_healed(run):
@@ -150,3 +145,26 @@ def test_partitioned_chief_recovers_like_a_lost_chief(run):
   assert 0 <= step - restored.step <= cluster_helpers.MAX_STEPS_LOST, (step, restored)
   # No worker was blamed for the chief's own cut.
   assert not [e for e in run.events()[events:] if e.failure == WORKER_GONE]
+
+
+def test_killed_worker_that_never_returns_is_left_out_then_taken_back(run):
+  worker = run.cluster.worker(1)
+  events, records = len(run.events()), len(run.records)
+  worker.kill(signal.SIGKILL)
+  assert worker.wait(timeout=10) == -signal.SIGKILL
+  gone = lambda: [e for e in run.events()[events:] if e.failure == WORKER_GONE]
+  processes.wait_until(gone, timeout=WORKER_TIMEOUT + 30,
+                       what="the task watch to leave the killed worker:1 out")
+  assert gone()[-1].task == "worker:1"
+  left_out = run.wait_for_restart_and_progress(records, timeout=120)
+  run.wait_for_step(left_out.step + 100)  # Trains on without it...
+  assert "without worker:1" in run.log()
+  # It saved before restarting: nothing lost.
+  assert left_out.step == max(r.step for r in run.records[:run.records.index(left_out)])
+  records = len(run.records)
+  worker.start()  # ...and takes it back when it answers again.
+  run.wait_for(lambda: any(e.task == "worker:1" and e.task_change == "back"
+                           and not e.tasks_left_out for e in run.events()[events:]),
+               timeout=60, what="worker:1 to be taken back")
+  run.wait_for_restart_and_progress(records, timeout=120)
+  run.wait_for_work([worker])
