@@ -19,8 +19,6 @@ import signal
 
 import pytest
 
-from tfps.cluster import processes
-
 from tfps.recovery import policy
 
 import cluster_helpers
@@ -153,8 +151,8 @@ def test_killed_worker_that_never_returns_is_left_out_then_taken_back(run):
   worker.kill(signal.SIGKILL)
   assert worker.wait(timeout=10) == -signal.SIGKILL
   gone = lambda: [e for e in run.events()[events:] if e.failure == WORKER_GONE]
-  processes.wait_until(gone, timeout=WORKER_TIMEOUT + 30,
-                       what="the task watch to leave the killed worker:1 out")
+  run.wait_for(gone, timeout=WORKER_TIMEOUT + 30,
+               what="the task watch to leave the killed worker:1 out")
   assert gone()[-1].task == "worker:1"
   left_out = run.wait_for_restart_and_progress(records, timeout=120)
   run.wait_for_step(left_out.step + 100)  # Trains on without it...
