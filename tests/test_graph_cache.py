@@ -97,6 +97,17 @@ def test_a_rebuilt_function_is_named_by_what_it_is_and_where_it_runs(monkeypatch
   assert "_" not in first[1:]
 
 
+def test_a_placed_graph_depends_on_the_workers_order_and_the_other_jobs_sizes():
+  cluster = {"chief": ["a:0"], "ps": ["a:1", "a:2"], "worker": ["a:3", "a:4"]}
+  shape = worker_functions.placement(cluster)
+  assert shape == {"chief": 1, "ps": 2, "worker": ["a:3", "a:4"]}
+  # The one ps left after losing either of two: one graph.
+  assert (worker_functions.placement({**cluster, "ps": ["a:1"]})
+          == worker_functions.placement({**cluster, "ps": ["a:2"]}))
+  assert worker_functions.placement({**cluster, "worker": ["a:4", "a:3"]}) != shape
+  assert worker_functions.placement({**cluster, "ps": ["a:1"]}) != shape
+
+
 @pytest.mark.parametrize("value,expected", [("", None), ("/somewhere", "/somewhere")])
 def test_the_flag_chooses_the_root_or_turns_it_off(value, expected):
   from tfps import cli  # pylint: disable=import-outside-toplevel

@@ -225,3 +225,7 @@ def test_every_coordinator_of_a_cluster_runs_the_closure_under_one_name(cache, m
   assert _graph_cache_key(coordinator_in(cluster).concrete("full")) == name
   renumbered = {**cluster, "worker": ["h:4", "h:3"]}
   assert _graph_cache_key(coordinator_in(renumbered).concrete("full")) != name
+  # A placed graph names the ps by number, so another ps address (the one
+  # left after losing the other of two) is the same graph, under the same name.
+  other_ps = {**cluster, "ps": ["h:5"], "chief": ["h:6"]}
+  assert _graph_cache_key(coordinator_in(other_ps).concrete("full")) == name

@@ -342,12 +342,13 @@ def _rebuild(entry: Mapping[str, Any], input_specs: Sequence[tf.TensorSpec],
   """A `ConcreteFunction` from a stored entry, capturing `variables` (`_variables`),
   its ops on a task moved as `moves` says (`trace_relocation`); and how many moved.
 
-  Its names stand for the entry, the moves and `cluster` (`worker_functions`).
+  Its names stand for the entry, the moves and `cluster`'s shape (`worker_functions`).
   """
   library = function_pb2.FunctionDefLibrary.FromString(base64.b64decode(entry["library"]))
   moved = trace_relocation.relocate(library, moves)
   names = _renamed(library, worker_functions.rebuilt_suffix(
-      entry, sorted(map(str, moves.items())), cluster, tf.__version__))
+      entry, sorted(map(str, moves.items())), worker_functions.placement(cluster),
+      tf.__version__))
   outer_name = names[entry["function"]]
   outer = None
   ctx = context.context()

@@ -12,11 +12,17 @@ cluster:
   arguments' specs are fixed), so no two traces share a name;
 * a function rebuilt from a stored trace (`trace_cache`) is named after what
   decides its optimized graph (`rebuilt_suffix`): the stored graph, where its
-  ops were moved, the cluster the coordinator runs in (a renumbered worker
-  would otherwise read a graph placed for another) and the TensorFlow
-  version. The next coordinator of the same cluster gives it the same name,
-  and its workers read the graph they optimized for the last one instead of
-  optimizing it again.
+  ops were moved, the cluster's shape as a placed graph sees it (`placement`)
+  and the TensorFlow version. The next coordinator of the same shape gives it
+  the same name, and its workers read the graph they optimized for the last
+  one instead of optimizing it again.
+
+A placed graph names devices (`/job:ps/replica:0/task:0`), never addresses,
+so the shape is each worker's address in order (a renumbered worker would
+otherwise read a graph placed for another) and how many tasks each other job
+has. A ps's address is not in it: the coordinators after losing ps:0 and
+after losing ps:1 of two run the same graph on the one ps left, and their
+workers read back the graph either one optimized.
 """
 
 import collections
@@ -24,7 +30,7 @@ import functools
 import hashlib
 import json
 import secrets
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 PROCESS_TAG = secrets.token_hex(6)
 _REBUILT: collections.Counter = collections.Counter()
@@ -42,6 +48,13 @@ def named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     return fn(*args, **kwargs)
   call.__name__ = call.__qualname__ = traced(name)
   return call
+
+
+def placement(cluster: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+  """What of `cluster` ({job: [address]}) a worker's placed graph depends on:
+  the workers' addresses in order, and the other jobs' sizes."""
+  return {job: list(addresses) if job == "worker" else len(addresses)
+          for job, addresses in cluster.items()}
 
 
 def rebuilt_suffix(*what: Any) -> str:
