@@ -32,16 +32,17 @@ PS_LOST = policy.FailureKind.PS_LOST.value
 WORKER_GONE = policy.FailureKind.WORKER_GONE.value
 
 
-def _chief_flags(train_steps: int) -> list[str]:
-  return [f"--experiment_params={cluster_helpers.SMALL_CTR}", "--mode=train",
-          f"--train_steps={train_steps}", f"--steps_per_loop={cluster_helpers.STEPS_PER_LOOP}",
-          f"--steps_per_closure={cluster_helpers.STEPS_PER_CLOSURE}",
-          f"--checkpoint_interval={cluster_helpers.CHECKPOINT_INTERVAL}", "--global_batch_size=128",
-          f"--worker_timeout={WORKER_TIMEOUT}", f"--ps_timeout={PS_TIMEOUT}",
-          # The coordinator gets this long to save after the supervisor's SIGTERM
-          # (a loop and a save take < 1 s here). A coordinator stuck on a cut
-          # worker cannot end its loop and is killed after it: keep it short.
-          "--grace_seconds=5"]
+# The shared chief trains for as long as the module's tests need it.
+CHIEF_FLAGS = [f"--experiment_params={cluster_helpers.SMALL_CTR}", "--mode=train",
+               "--train_steps=10000000", f"--steps_per_loop={cluster_helpers.STEPS_PER_LOOP}",
+               f"--steps_per_closure={cluster_helpers.STEPS_PER_CLOSURE}",
+               f"--checkpoint_interval={cluster_helpers.CHECKPOINT_INTERVAL}",
+               "--global_batch_size=128",
+               f"--worker_timeout={WORKER_TIMEOUT}", f"--ps_timeout={PS_TIMEOUT}",
+               # The coordinator gets this long to save after the supervisor's SIGTERM
+               # (a loop and a save take < 1 s here). A coordinator stuck on a cut
+               # worker cannot end its loop and is killed after it: keep it short.
+               "--grace_seconds=5"]
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def run(cluster, model_dir):
-  training = cluster_helpers.ChiefRun(cluster, model_dir, _chief_flags(10_000_000))
+  training = cluster_helpers.ChiefRun(cluster, model_dir, CHIEF_FLAGS)
   training.chief.start()
   training.wait_for_step(0, timeout=180)
   yield training

@@ -34,6 +34,7 @@ EVERY_SETTING = {
     "min_shard_bytes": "1234", "ps_timeout": "66.5", "max_restarts": "5",
     "restart_window": "333", "cluster_wait_seconds": "444", "worker_timeout": "55",
     "grace_seconds": "21", "warm_standby": "false", "ps_failover": "false",
+    "failover_graphs": "false",
     "ps_readmit": "timed", "ps_readmit_after": "12.5", "exclude_tasks": "worker:1",
 }
 STEPS_OR_EPOCHS = ({"train_steps": "777"}, {"train_epochs": "2"})
@@ -178,6 +179,17 @@ def test_chief_config_carries_the_coordinators_settings():
   assert config.cluster.addresses(spec_lib.JobType.WORKER) == ("h:4",)
   assert config.tasks_left_out == ("worker:0",)
   assert config.tasks_expected_back == ("worker:0",)  # Taken back 5 s after it answers.
+
+
+@pytest.mark.parametrize("failover, graphs, expected", [
+    (True, True, True), (True, False, False), (False, True, False)])
+def test_failover_graphs_are_built_ahead_only_where_the_supervisor_fails_over(
+    failover, graphs, expected):
+  cluster = spec_lib.ClusterSpec.from_dict(
+      {"chief": ["h:1"], "ps": ["h:2", "h:5"], "worker": ["h:3"]})
+  spec = run_spec.RunSpec(model_dir="/m", ps_failover=failover, failover_graphs=graphs)
+  assert spec.coordinator_config(cluster).failover_graphs is expected
+  assert api.CoordinatorConfig(cluster=cluster, model_dir="/m").failover_graphs is False
 
 
 @pytest.mark.parametrize("readmit, expected", [("measured", ("worker:1",)),

@@ -143,7 +143,62 @@ def _on_a_cluster_of_two_ps(work_dir: str) -> dict:
             "steps": int(trainer.steps.numpy()), "row": trainer.row.numpy().tolist(),
             "devices": devices, "log": list(lines)}
 
+  def ahead_then_failover() -> dict:
+    """A coordinator on 2 ps has the worker build the failover closure ahead; then one
+    on ps:0 alone, as after a failover, rebuilds it: the same name (a new process:
+    rebuilds counted from 0 again)."""
+    from tfps.coordinator import failover_graphs  # pylint: disable=import-outside-toplevel
+    from tfps.coordinator import worker_functions  # pylint: disable=import-outside-toplevel
+    view = failover_graphs.failover_view(cluster)
+    trainer = Trainer(PS0, PS1)
+    root = tf.train.Checkpoint(trainer=trainer)
+    cache = trace_cache.TraceCache(work_dir, {"experiment": "relocation", "num_ps": 2})
+    closures = closures_lib.TrainClosures(
+        trainer.train_step, make_iterator, full_size=4, unroll=4, what="Trainer",
+        fast_unroll=2, cache=cache.in_cluster(cluster.as_dict()), variables_root=root)
+
+    class Worker:
+      """A ClusterCoordinator worker, which runs a resource at once in its device scope."""
+      worker_index, device_name = 0, "/job:worker/replica:0/task:0"
+
+      def create_resource(self, fn):
+        with tf.device(self.device_name):
+          fn()
+        return object()
+
+    # What warm_up reads of a ClusterCoordinator: its workers.
+    cluster_workers = type("Cluster", (), {"workers": [Worker()]})
+    coordinator = type("Coordinator", (), {"_cluster": cluster_workers})
+    called = []
+
+    def warm_call(cache, variables):
+      call = closures.failover_warm_call(cache, variables)
+      called.append(call[0].name.decode())
+      return call
+
+    def build_ahead():
+      worker_functions._REBUILT.clear()  # pylint: disable=protected-access
+      failover_graphs.FailoverGraphs(warm_call=warm_call, cache=closures.cache,
+                                     variables_root=root, cluster=cluster,
+                                     coordinator=coordinator).start()
+
+    build_ahead()
+    record = os.path.join(work_dir, failover_graphs.RECORD)
+    with open(record, encoding="utf-8") as f:
+      held = json.load(f)
+    build_ahead()  # A later coordinator of the same chief: the worker holds it.
+    worker_functions._REBUILT.clear()  # pylint: disable=protected-access
+    one = Trainer(PS0, PS0)
+    after = closures_lib.TrainClosures(
+        one.train_step, make_iterator, full_size=4, unroll=4, what="Trainer", fast_unroll=2,
+        cache=trace_cache.TraceCache(work_dir, {"experiment": "relocation", "num_ps": 1}
+                                     ).in_cluster(view.as_dict()),
+        variables_root=tf.train.Checkpoint(trainer=one))
+    return {"called": called, "failover": after.concrete("full").name.decode(),
+            "held": held, "steps": int(trainer.steps.numpy()), "row": trainer.row.numpy().tolist()}
+
   on_both = run(Trainer(PS0, PS1), num_ps=2)
+  ahead = ahead_then_failover()
   on_one = run(Trainer(PS0, PS0), num_ps=1)  # As after ps:1's failover.
   back = run(Trainer(PS0, PS1), num_ps=2)  # Its own layout's entry.
   # A run whose first trace was on one ps: that entry cannot serve 2 ps where
@@ -151,7 +206,8 @@ def _on_a_cluster_of_two_ps(work_dir: str) -> dict:
   other_dir = work_dir + "-first-on-one"
   run(Trainer(PS0, PS0), num_ps=1, directory=other_dir)
   split = run(Trainer(PS0, PS1), num_ps=2, directory=other_dir)
-  return {"on_both": on_both, "on_one": on_one, "back": back, "split": split}
+  return {"on_both": on_both, "on_one": on_one, "back": back, "split": split, "ahead": ahead,
+          "worker": cluster.as_dict()["worker"][0]}
 
 
 def test_a_failover_coordinator_runs_the_closures_traced_on_both_ps_moved_to_one(tmp_path):
@@ -178,6 +234,13 @@ def test_a_failover_coordinator_runs_the_closures_traced_on_both_ps_moved_to_one
   assert any("cannot be moved here: the variables ps:0 held are now on more than one task"
              in line for line in split["log"]), split["log"]
   assert split["row"] == [53.0, 106.0, 159.0]
+  # Built ahead once (the second coordinator found the worker recorded), under the
+  # name the failover coordinator's closure has, and nothing trained meanwhile.
+  ahead = seen["ahead"]
+  assert len(ahead["called"]) == 1, ahead
+  assert ahead["called"][0].rsplit("_", 1)[0] == ahead["failover"].rsplit("_", 1)[0]
+  assert [held for held in ahead["held"].values()] == [[seen["worker"]]]
+  assert ahead["steps"] == 0 and ahead["row"] == [0.0, 0.0, 0.0]
 
 if __name__ == "__main__":
   from tfps.cluster import processes  # pylint: disable=import-outside-toplevel

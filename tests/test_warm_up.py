@@ -55,7 +55,7 @@ class _Worker:
   """A ClusterCoordinator worker: runs a resource at once, or queues it (down)."""
 
   def __init__(self, index: int, *, up: bool = True):
-    self.device_name = f"/job:worker/replica:0/task:{index}"
+    self.worker_index, self.device_name = index, f"/job:worker/replica:0/task:{index}"
     self.up, self.created = up, []
 
   def create_resource(self, fn):
@@ -87,3 +87,28 @@ def test_a_worker_that_is_down_gets_its_warm_up_queued_without_a_wait():
   kept = warm_up.warm_workers(_Coordinator(workers), [(lambda: ran.append(1), ())])
   assert len(kept) == 2 and ran == [1]
   assert len(workers[0].created) == 1  # Queued: TF runs it when the worker is back.
+
+
+def test_warm_once_asks_only_the_workers_named_and_never_again_when_one_is_taken_back():
+  ran, done = [], []
+  workers = [_Worker(0), _Worker(1), _Worker(2, up=False)]
+  kept = warm_up.warm_once(_Coordinator(workers), [(lambda: ran.append(1), ())], [1, 2],
+                           done=done.append, what="a graph")
+  assert len(kept) == 2 and [len(w.created) for w in workers] == [0, 1, 1]
+  assert ran == [1] and done == [1]
+  workers[1].created[0]()  # TF took worker 1 back: it runs the resource again.
+  assert ran == [1] and done == [1]
+  workers[2].created[0]()  # Worker 2 was down: its first run is when TF takes it back.
+  assert ran == [1, 1] and done == [1, 2]
+
+
+def test_a_failing_warm_once_call_is_logged_and_goes_no_further():
+  def fails():
+    raise tf.errors.UnavailableError(None, None, "worker gone")
+
+  done = []
+  workers = [_Worker(0)]
+  warm_up.warm_once(_Coordinator(workers), [(fails, ())], [0], done=done.append, what="a graph")
+  assert done == []
+  workers[0].created[0]()  # Taken back: not tried again.
+  assert done == []

@@ -43,6 +43,7 @@ class RunSpec:
     max_restarts, restart_window, cluster_wait_seconds, worker_timeout,
     grace_seconds, warm_standby, ps_failover, ps_readmit, ps_readmit_after:
       the chief's supervisor.
+    failover_graphs: with ps_failover, the coordinator's too.
     exclude_tasks: workers and ps the supervisor leaves out of a
       coordinator's cluster (`worker:1`, `ps:0`); set by the supervisor, not
       by users.
@@ -77,6 +78,7 @@ class RunSpec:
   grace_seconds: float = 15.0
   warm_standby: bool = True
   ps_failover: bool = True
+  failover_graphs: bool = True
   ps_readmit: str = "measured"
   ps_readmit_after: float = 30.0
   exclude_tasks: tuple[str, ...] = ()
@@ -113,7 +115,7 @@ class RunSpec:
       allowed = ", ".join(r.value for r in readmission.Readmit)
       raise errors.UsageError(f"ps_readmit ({self.ps_readmit!r}) must be one of {allowed}")
     for name in ("warm_standby", "fast_start", "trace_cache", "async_checkpoint",
-                 "ps_failover"):
+                 "ps_failover", "failover_graphs"):
       if not isinstance(getattr(self, name), bool):
         raise errors.UsageError(f"{name} ({getattr(self, name)!r}) must be true or false")
     object.__setattr__(self, "exclude_tasks", tuple(self.exclude_tasks))
@@ -130,6 +132,7 @@ class RunSpec:
         **{name: getattr(self, name) for name in _CHIEF_FIELDS},
         min_shard_bytes=self.min_shard_bytes or None,
         ps_timeout=self.ps_timeout or None, tasks_left_out=self.exclude_tasks,
+        failover_graphs=self.ps_failover and self.failover_graphs,
         tasks_expected_back=readmission.expected_back(self.exclude_tasks, self.ps_readmit))
 
   def to_json(self) -> dict[str, Any]:

@@ -188,6 +188,10 @@ class CoordinatorConfig:
     ps_timeout: seconds a ps may not answer before the run counts it lost
       and exits 170 (a partition hangs TF instead of failing it, see
       `coordinator.ps_deadline`); None: no deadline.
+    failover_graphs: with `trace_cache` on 2 ps, have the workers optimize the
+      written-out closure of the cluster a ps failover would leave, ahead of
+      need (`coordinator.failover_graphs`); for a coordinator whose supervisor
+      fails over (`tfps run` with --ps_failover).
     tasks_left_out: the workers and ps the supervisor left out of `cluster`
       (`worker:1`, `ps:0`).
     tasks_expected_back: those of `tasks_left_out` the supervisor will
@@ -219,6 +223,7 @@ class CoordinatorConfig:
   ready_timeout: float = 60.0
   min_shard_bytes: int | None = DEFAULT_MIN_SHARD_BYTES
   ps_timeout: float | None = None
+  failover_graphs: bool = False
   tasks_left_out: tuple[str, ...] = ()
   tasks_expected_back: tuple[str, ...] = ()
 
@@ -247,7 +252,7 @@ class CoordinatorConfig:
                  "train_epochs", "input_shards"):
       if getattr(self, name) is not None:
         _positive_int(name, getattr(self, name))
-    for name in ("fast_start", "trace_cache", "async_checkpoint"):
+    for name in ("fast_start", "trace_cache", "async_checkpoint", "failover_graphs"):
       if not isinstance(getattr(self, name), bool):
         raise errors.UsageError(f"{name} ({getattr(self, name)!r}) must be true or false")
     if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:

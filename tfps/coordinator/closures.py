@@ -22,8 +22,10 @@ With a `trace_cache.TraceCache` (positioned input), each is traced at most
 once per run: a closure an earlier coordinator traced is rebuilt from its
 stored graph, and one traced here is stored for the next coordinator, then
 rebuilt from there too. A rebuilt closure has the name every coordinator of
-the same cluster gives it (`worker_functions`), so each worker reads back
-the graph it optimized for the last one instead of optimizing it again.
+a cluster of the same shape gives it (`worker_functions`), so each worker
+reads back the graph it optimized for the last one instead of optimizing it
+again; with 2 ps, the workers build the one a ps failover will run ahead of
+need (`failover_graphs`).
 
 `WarmClosures` says which a loop uses. A coordinator trains with the
 fast-start closure for the seconds `closure_plan.plan` gives it, then
@@ -172,11 +174,29 @@ class TrainClosures:
 
     Written out: the written-out closure and the one for other sizes; else the fast-start one.
     """
-    skip = (tf.constant(False), tf.constant(0, tf.int64), tf.constant(0, tf.int64))
+    skip = _skip()
     if not written_out:
       return [(self.concrete("fast"), skip)]
     return [(self.concrete("full"), skip),
             (self.concrete("other"), (skip[0], tf.constant(1, tf.int32), *skip[1:]))]
+
+
+  @property
+  def cache(self) -> trace_cache_lib.TraceCache | None:
+    return self._cache
+
+  def failover_warm_call(self, cache: trace_cache_lib.TraceCache,
+                         variables) -> warm_up.Call | None:
+    """The written-out closure as a coordinator of `cache`'s key and cluster rebuilds
+    it from its stored trace, bound to `variables` (stand-ins: `failover_graphs`),
+    called to run no step; None if no stored trace fits."""
+    function = cache.load("full", _SPECS["full"], None, variables=variables)
+    return None if function is None else (function, _skip())
+
+
+def _skip() -> tuple[tf.Tensor, ...]:
+  """A positioned closure's arguments for a call that runs no step (`_SKIP_SPECS`)."""
+  return tf.constant(False), tf.constant(0, tf.int64), tf.constant(0, tf.int64)
 
 
 class WarmClosures:

@@ -173,7 +173,8 @@ def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntim
                                     global_step=experiment.global_step,
                                     input_shards=getattr(config, "input_shards", None),
                                     loop_slack=ends.slack, trace_cache=_trace_cache(config),
-                                    looped_seconds_stored=looped_if_stored)
+                                    looped_seconds_stored=looped_if_stored,
+                                    failover_graphs=config.failover_graphs)
   if isinstance(evaluator, orbit.StandardEvaluator):
     evaluator = evaluator_lib.PSEvaluator(evaluator, runtime, num_shards=config.eval_shards)
   return trainer, evaluator

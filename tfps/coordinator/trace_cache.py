@@ -97,7 +97,7 @@ def changed_file(files: Sequence[Sequence[Any]]) -> str | None:
   return None
 
 
-def _variables(root) -> dict[tuple[int, int], tf.Variable]:
+def tracked_variables(root) -> dict[tuple[int, int], tf.Variable]:
   """Each variable `root` tracks, by (its place in a checkpoint's walk, its shard)."""
   found = {}
   for index, obj in enumerate(tf.train.TrackableView(root).descendants()):
@@ -212,7 +212,7 @@ class TraceCache:
     return True
 
   def _entry(self, function, root) -> dict[str, Any]:
-    by_place = _variables(root)
+    by_place = tracked_variables(root)
     places = {id(variable.handle): place for place, variable in by_place.items()}
     captures = []
     for tensor in function.captured_inputs:
@@ -234,37 +234,26 @@ class TraceCache:
             "captures": captures, "outputs": _encode_outputs(function.structured_outputs),
             "modules": module_files()}
 
-  def load(self, name: str, input_specs: Sequence[tf.TensorSpec], root):
+  def load(self, name: str, input_specs: Sequence[tf.TensorSpec], root, variables=None):
     """The function stored for `name`, bound to `root`'s variables; None if there is
     none that is valid (the reason is logged).
 
     The entry of this very key first, then those of another number of ps
     (`LAYOUT`), newest first, moved to where the variables are now.
+    `variables` ({place: variable}, as `tracked_variables` finds them) stands in for
+    `root`'s: anything with a name, dtype, shape and handle.
     """
-    variables = None
     reasons = []
-    exact = self.path(name)
-    for path in self._candidates(name):
+    for entry, moves, found in self._fitting(name, root, variables, reasons):
       try:
-        with open(path, encoding="utf-8") as f:
-          entry = json.load(f)
-        if not self._same_but_layout(entry):
-          if path == exact:
-            reasons.append("stored by another version or configuration")
-          continue  # Another layout's file of another configuration: not ours to judge.
-        variables = _variables(root) if variables is None else variables
-        reason, moves = self._fit(entry, variables)
-        if reason:
-          reasons.append(reason)
-          continue
-        function, moved = _rebuild(entry, input_specs, variables, moves, self.cluster)
+        function, moved = _rebuild(entry, input_specs, found, moves, self.cluster)
       except trace_relocation.NotRelocatable as e:
         reasons.append(_not_movable(entry, e))
         continue
       except Exception as e:  # pylint: disable=broad-except
-        # A damaged entry or a TensorFlow that rebuilds differently: trace instead.
-        logging.warning("trace cache: %s: its stored trace in %s did not load (%s: %s)", name,
-                        path, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
+        # A TensorFlow that rebuilds differently: trace instead.
+        logging.warning("trace cache: %s: its stored trace did not load (%s: %s)", name,
+                        type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
         continue
       stored_on = entry["key"].get(LAYOUT)
       if stored_on != self.key.get(LAYOUT) or moved:
@@ -274,6 +263,37 @@ class TraceCache:
     if reasons:
       logging.info("trace cache: %s traced again: %s", name, "; ".join(reasons))
     return None
+
+  def rebuilt_tag(self, name: str, variables) -> str | None:
+    """What `load(name, ..., variables=variables)` would name its function by
+    (`worker_functions.rebuilt_tag`), without rebuilding it; None: nothing fits."""
+    for entry, moves, _ in self._fitting(name, None, variables, []):
+      return worker_functions.rebuilt_tag(*_naming(entry, moves, self.cluster))
+    return None
+
+  def _fitting(self, name: str, root, variables, reasons: list[str]):
+    """(entry, moves, variables) of each stored entry for `name` that fits, in the
+    order `load` tries them; why the others do not is added to `reasons`."""
+    exact = self.path(name)
+    for path in self._candidates(name):
+      try:
+        with open(path, encoding="utf-8") as f:
+          entry = json.load(f)
+        if not self._same_but_layout(entry):
+          if path == exact:
+            reasons.append("stored by another version or configuration")
+          continue  # Another layout's file of another configuration: not ours to judge.
+        variables = tracked_variables(root) if variables is None else variables
+        reason, moves = self._fit(entry, variables)
+      except Exception as e:  # pylint: disable=broad-except
+        # A damaged entry: trace instead.
+        logging.warning("trace cache: %s: its stored trace in %s did not load (%s: %s)", name,
+                        path, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
+        continue
+      if reason:
+        reasons.append(reason)
+        continue
+      yield entry, moves, variables
 
   def _candidates(self, name: str) -> list[str]:
     """This key's entry for `name` if stored, then other layouts' entries, newest first."""
@@ -294,7 +314,7 @@ class TraceCache:
   def _fit(self, entry: Mapping[str, Any], variables: Mapping[tuple[int, int], tf.Variable]
            ) -> tuple[str | None, dict]:
     """Why `entry` does not fit this coordinator, whose variables are `variables`
-    (`_variables`), and else (None) where each task's variables are now. Its key
+    (`tracked_variables`), and else (None) where each task's variables are now. Its key
     is this one's but for the layout (`_same_but_layout`)."""
     changed = changed_file(entry["modules"])
     if changed:
@@ -336,19 +356,24 @@ def _not_movable(entry: Mapping[str, Any], error: Exception) -> str:
   return f"the trace stored on {entry['key'].get(LAYOUT)} ps cannot be moved here: {error}"
 
 
+def _naming(entry: Mapping[str, Any], moves: dict, cluster: Mapping[str, Sequence[str]]
+            ) -> tuple[Any, ...]:
+  """What a rebuilt function is named by: the entry, its moves, the cluster's shape."""
+  return (entry, sorted(map(str, moves.items())), worker_functions.placement(cluster),
+          tf.__version__)
+
+
 def _rebuild(entry: Mapping[str, Any], input_specs: Sequence[tf.TensorSpec],
              variables: Mapping[tuple[int, int], tf.Variable], moves: dict,
              cluster: Mapping[str, Sequence[str]]):
-  """A `ConcreteFunction` from a stored entry, capturing `variables` (`_variables`),
+  """A `ConcreteFunction` from a stored entry, capturing `variables` (`tracked_variables`),
   its ops on a task moved as `moves` says (`trace_relocation`); and how many moved.
 
   Its names stand for the entry, the moves and `cluster`'s shape (`worker_functions`).
   """
   library = function_pb2.FunctionDefLibrary.FromString(base64.b64decode(entry["library"]))
   moved = trace_relocation.relocate(library, moves)
-  names = _renamed(library, worker_functions.rebuilt_suffix(
-      entry, sorted(map(str, moves.items())), worker_functions.placement(cluster),
-      tf.__version__))
+  names = _renamed(library, worker_functions.rebuilt_suffix(*_naming(entry, moves, cluster)))
   outer_name = names[entry["function"]]
   outer = None
   ctx = context.context()

@@ -62,6 +62,7 @@ import tensorflow as tf
 from tfps.coordinator import closure_plan
 from tfps.coordinator import closures as closures_lib
 from tfps.coordinator import datasets
+from tfps.coordinator import failover_graphs as failover_graphs_lib
 from tfps.coordinator import ledger as ledger_lib
 from tfps.coordinator import positioned as positioned_lib
 from tfps.coordinator import step_logs
@@ -126,7 +127,7 @@ class PSTrainer(orbit.StandardTrainer):
                unroll: int = DEFAULT_UNROLL, global_step: tf.Variable | None = None,
                input_shards: int | None = None, looped_seconds: float = 0.0,
                loop_slack: int = 0, trace_cache: trace_cache_lib.TraceCache | None = None,
-               looped_seconds_stored: float | None = None):
+               looped_seconds_stored: float | None = None, failover_graphs: bool = False):
     """`pause()` true: schedule no more closures this loop (an interrupt is pending).
 
     `unroll`: steps per while-loop iteration inside a closure (see the module
@@ -148,6 +149,9 @@ class PSTrainer(orbit.StandardTrainer):
     (`coordinator.trace_cache`); `looped_seconds_stored` replaces
     `looped_seconds` when the written-out closures are found there (the plan
     at the lower price of a write-out that traces nothing).
+    `failover_graphs`: with `trace_cache` on 2 ps, have the workers optimize the
+    written-out closure of the cluster a ps failover would leave, after the
+    first loop with this one (`coordinator.failover_graphs`).
     """
     if not isinstance(trainer, orbit.StandardTrainer):
       raise errors.UsageError(
@@ -169,6 +173,9 @@ class PSTrainer(orbit.StandardTrainer):
     self._looped_seconds = looped_seconds
     self._trace_cache = trace_cache
     self._looped_seconds_stored = looped_seconds_stored
+    self._failover_graphs = failover_graphs
+    self._failover: failover_graphs_lib.FailoverGraphs | None = None  # Made with the loop.
+    self._written_out_loops = 0
     if isinstance(loop_slack, bool) or not isinstance(loop_slack, int) or loop_slack < 0:
       raise errors.UsageError(f"loop_slack ({loop_slack!r}) must be a non-negative integer")
     self._loop_slack = loop_slack
@@ -279,6 +286,11 @@ class PSTrainer(orbit.StandardTrainer):
         self._trainer.train_step, make_iterator, full_size=self._steps_per_closure,
         unroll=self._unroll, what=type(self._trainer).__name__, cache=cache,
         variables_root=variables_root)
+    if cache is not None and self._failover_graphs and failover_graphs_lib.failover_view(
+        self._runtime.cluster) is not None:
+      self._failover = failover_graphs_lib.FailoverGraphs(
+          warm_call=closures.failover_warm_call, cache=cache, variables_root=variables_root,
+          cluster=self._runtime.cluster, coordinator=coordinator)
     if self._positioned is None:
       # Written out from the start, without a warm-up (its calls are positioned).
       self.full_closure_ready.set()
@@ -314,7 +326,7 @@ class PSTrainer(orbit.StandardTrainer):
 
     def loop_fn(iterator, num_steps):
       start_step = self._read_step()
-      scheduled, chunks = [], []
+      scheduled, chunks, cut_short = [], [], False
       use_full = self.full_closure_ready.is_set()  # One kind per loop.
       if self._warm is not None:
         with _step_log_errors():  # Traces both closures (the warm-ups' calls).
@@ -331,8 +343,15 @@ class PSTrainer(orbit.StandardTrainer):
           if self._pause():  # Before the next chunk is taken: none is left untrained.
             logging.info("loop cut short after %d closures: an interrupt is pending "
                          "(the chief saves next)", len(scheduled))
+            cut_short = True
             break  # Finish what runs (join below).
+      if (use_full and self._written_out_loops and not cut_short
+          and self._failover is not None):
+        # Once, from the second written-out loop: the first (maybe the coordinator's
+        # first) is not kept waiting, nor a save. Here, the workers train meanwhile.
+        self._failover.start()
       coordinator.join()
+      self._written_out_loops += use_full
       reexecuted = self._count_each_step_once(start_step, sum(size for size, _ in scheduled))
       self.last_loop = LoopInput(chunks=tuple(chunks), reexecuted=reexecuted,
                                  looped=not use_full)

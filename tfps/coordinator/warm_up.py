@@ -24,6 +24,7 @@ on one worker, from two threads of the coordinator, hung an in-process
 cluster; TF's own design keeps one call at a time per worker.)
 """
 
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -31,6 +32,7 @@ from absl import logging
 import tensorflow as tf
 
 from tfps.base import errors
+from tfps.base import messages
 from tfps.base import task_names
 
 # A call of a function with its arguments: (concrete function, args).
@@ -68,6 +70,41 @@ def warm_workers(coordinator, calls: Sequence[Call]) -> list[Any]:
   # its closures, again whenever TF takes it back (per-worker datasets use it).
   workers = list(coordinator._cluster.workers)  # pylint: disable=protected-access
   return [worker.create_resource(_warm_up_fn(calls, worker.device_name)) for worker in workers]
+
+
+def warm_once(coordinator, calls: Sequence[Call], indices: Sequence[int],
+              done: Callable[[int], None], what: str) -> list[Any]:
+  """Has each worker of `indices` run `calls` on its own thread before its next closure,
+  once: not again when TF takes it back (the first try counts, done or not).
+  `done(index)` after a worker ran them. Returns the values to keep (`warm_workers`).
+
+  For calls that are only worth having: an error in one is logged in a line and
+  goes no further (a worker that failed meanwhile fails its next closure instead).
+  """
+  tried: set[int] = set()
+  lock = threading.Lock()
+
+  def once(worker):
+    def warm_up():  # On the worker's thread, inside its device scope.
+      with lock:
+        if worker.worker_index in tried:
+          return
+        tried.add(worker.worker_index)
+      task, start = task_names.task_or_device(worker.device_name), time.perf_counter()
+      try:
+        for function, args in calls:
+          function(*args)
+      except Exception as e:  # pylint: disable=broad-except  (nothing depends on it)
+        logging.warning("%s: %s not instantiated (%s: %s)", task, what, type(e).__name__,
+                        messages.one_line(e))
+        return
+      logging.info("%s: %s instantiated in %.1fs", task, what, time.perf_counter() - start)
+      done(worker.worker_index)
+    return warm_up
+
+  workers = [w for w in coordinator._cluster.workers  # pylint: disable=protected-access
+             if w.worker_index in set(indices)]
+  return [worker.create_resource(once(worker)) for worker in workers]
 
 
 def _warm_up_fn(calls: Sequence[Call], device: str) -> Callable[[], None]:

@@ -57,13 +57,18 @@ def placement(cluster: Mapping[str, Sequence[str]]) -> dict[str, Any]:
           for job, addresses in cluster.items()}
 
 
+def rebuilt_tag(*what: Any) -> str:
+  """A hash of everything in `what` (JSON-able): the same in every process."""
+  return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def rebuilt_suffix(*what: Any) -> str:
   """The suffix for a rebuilt function's names, from everything in `what` (JSON-able).
 
   The same `what` gets the same suffix in every process, told apart within
   one by a count (the first is the same everywhere).
   """
-  tag = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+  tag = rebuilt_tag(*what)
   count = _REBUILT[tag]
   _REBUILT[tag] += 1
   return f"_{tag}x{count}"

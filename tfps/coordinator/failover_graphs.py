@@ -1,0 +1,203 @@
+"""Workers hold the graph a ps failover will run, before any ps is lost.
+
+A ps failover restarts the coordinator on the ps that answer, and its
+written-out closure is a graph the workers have not placed before: each op of
+a variable now on the one ps left. Each worker optimizes it afresh, ~10 s on 2
+shared cores while training waits: most of what the first failover onto that
+cluster costs. (The worker's graph cache, `ps_worker.graph_cache`, keeps it
+for later ones.)
+
+So a coordinator of 2 ps, once it trains with its written-out closure, has
+each worker optimize that graph ahead of need: the closure rebuilt from its
+stored trace as the failover coordinator will rebuild it (its ps ops moved to
+ps:0, named for the failover cluster's shape, which is the same whichever ps
+is lost: `worker_functions.placement`), bound to stand-in variable handles
+on the device the failover coordinator's variables will be on, and called
+with `train` false (`warm_up`). A stand-in is a `VarHandleOp`: a handle to a
+variable that is never created, and never read, as the branch that would
+read it is not taken. The worker's graph cache stores the optimized graph
+under the name that coordinator's closure has, and its workers read it back
+(~1-2 s) instead of optimizing it.
+
+It costs what the failover would have (each worker's optimization; here its
+closures wait for it), once: the workers that hold the graph are recorded
+beside the traces (`RECORD`), under what started them (`workers_epoch`: a new
+`tfps local` has new workers' caches), and later coordinators skip them. A
+worker that TF takes back later is not asked again.
+
+Only for exactly 2 ps. With more, where a failover coordinator puts each
+variable is the strategy's choice there (round robin over the ps left),
+which this coordinator cannot foresee; and where a variable is split between
+the ps (`min_shard_bytes`), the failover coordinator holds it whole and
+traces its closures anew, so there is nothing to build ahead.
+"""
+
+import json
+import os
+import threading
+from typing import Any, Callable, Mapping
+
+from absl import logging
+import tensorflow as tf
+
+from tfps.base import messages
+from tfps.cluster import spec as spec_lib
+from tfps.coordinator import trace_cache as trace_cache_lib
+from tfps.coordinator import warm_up
+from tfps.coordinator import worker_functions
+
+RECORD = "failover-graphs.json"
+
+
+def failover_view(cluster: spec_lib.ClusterSpec) -> spec_lib.ClusterSpec | None:
+  """The cluster a ps failover leaves, as the workers' graphs see it (either ps
+  lost: the same shape); None unless `cluster` has exactly 2 ps."""
+  if cluster.num_tasks(spec_lib.JobType.PS) != 2:
+    return None
+  return cluster.without([spec_lib.TaskId(spec_lib.JobType.PS, 1)])
+
+
+def failover_device(device: str) -> str:
+  """Where a variable on `device` is after a failover to one ps: that ps's same device."""
+  spec = tf.DeviceSpec.from_string(device)
+  return spec.replace(task=0).to_string() if spec.job == "ps" else device
+
+
+def _stat(pid: int) -> list[str]:
+  """/proc/PID/stat's fields from the 3rd on (after the name); [] if unreadable."""
+  try:
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+      return f.read().rsplit(")", 1)[1].split()
+  except (OSError, IndexError):
+    return []
+
+
+def workers_epoch() -> str:
+  """What started the workers whose graph caches a record speaks of, as near as a
+  coordinator can tell: its chief's parent (`tfps local`, an orchestrator), by pid
+  and start time, on this boot. A chief restarted by the same parent keeps it; a
+  new `tfps local` (whose workers' caches are new) does not."""
+  chief = _stat(os.getppid())
+  parent = chief[1] if len(chief) > 1 else "?"  # Field 4: the parent's pid.
+  started = _stat(int(parent)) if parent.isdigit() else []
+  try:
+    with open("/proc/sys/kernel/random/boot_id", encoding="utf-8") as f:
+      boot = f.read().strip()[:8]
+  except OSError:
+    boot = "?"
+  return f"{boot}:{parent}@{started[19] if len(started) > 19 else '?'}"  # Field 22: start.
+
+
+def to_ask(held: Mapping[str, Any], key: str, workers: Mapping[int, str]) -> dict[int, str]:
+  """Those of `workers` ({index: address}) not recorded in `held` as holding `key`."""
+  have = set(held.get(key, ()))
+  return {index: address for index, address in workers.items() if address not in have}
+
+
+class Record:
+  """Which workers hold which graph, in a JSON file: {key: [address]}."""
+
+  def __init__(self, path: str):
+    self.path = path
+    self._lock = threading.Lock()
+
+  def read(self) -> dict[str, list[str]]:
+    try:
+      with open(self.path, encoding="utf-8") as f:
+        held = json.load(f)
+    except (OSError, ValueError):
+      return {}  # None yet, or damaged: ask every worker again.
+    return held if isinstance(held, dict) else {}
+
+  def add(self, key: str, address: str) -> None:
+    with self._lock:
+      held = self.read()
+      held[key] = sorted(set(held.get(key, [])) | {address})
+      temporary = f"{self.path}.tmp-{os.getpid()}"
+      try:
+        with open(temporary, "w", encoding="utf-8") as f:
+          json.dump(held, f)
+        os.replace(temporary, self.path)  # Whole or not at all.
+      except OSError as e:
+        logging.warning("failover graphs: could not record %s in %s: %s", address, self.path, e)
+
+
+class StandIn:
+  """A variable as a failover coordinator will hold it: its name, dtype and shape,
+  and a handle on its device to a variable that is never created."""
+
+  def __init__(self, variable: tf.Variable, device: str, shared_name: str):
+    self.name, self.dtype, self.shape = variable.name, variable.dtype, variable.shape
+    with tf.device(device):
+      self.handle = tf.raw_ops.VarHandleOp(dtype=variable.dtype, shape=variable.shape,
+                                           shared_name=shared_name)
+
+
+def stand_ins(variables: Mapping[tuple[int, int], tf.Variable], tag: str
+              ) -> dict[tuple[int, int], StandIn] | None:
+  """A stand-in for each of `variables` (`trace_cache.tracked_variables`) on its
+  failover device; None if one is split between the ps (see the module doc)."""
+  if any(shard > 0 for _, shard in variables):
+    return None
+  return {place: StandIn(variable, failover_device(variable.handle.device),
+                         f"tfps_failover_stand_in_{tag}_{place[0]}")
+          for place, variable in variables.items()}
+
+
+class FailoverGraphs:
+  """Has the workers optimize the failover cluster's written-out closure, once (`start`)."""
+
+  def __init__(self, *, warm_call: Callable[..., Any], cache: trace_cache_lib.TraceCache,
+               variables_root: Any, cluster: spec_lib.ClusterSpec, coordinator: Any):
+    """`warm_call(cache, variables)`: the written-out closure for `cache`'s cluster bound
+    to `variables`, called to run nothing (`closures.TrainClosures.failover_warm_call`)."""
+    self._warm_call = warm_call
+    self._cache, self._root = cache, variables_root
+    self._cluster, self._coordinator = cluster, coordinator
+    self._started = False
+    self._resources = None  # Kept: TF forgets a per-worker resource nobody holds.
+
+  def start(self) -> None:
+    """Asks each worker that does not hold the graph yet, before its next closure.
+
+    Building ahead is an optimization: whatever fails is logged in one line
+    and training goes on (a failover then optimizes the graph, as without).
+    """
+    if self._started:
+      return
+    self._started = True
+    try:
+      self._resources = self._start()
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("failover graphs: not built ahead (%s: %s)", type(e).__name__,
+                      messages.one_line(e))
+
+  def _start(self):
+    view = failover_view(self._cluster)
+    if view is None:
+      return None
+    variables = stand_ins(trace_cache_lib.tracked_variables(self._root),
+                          worker_functions.PROCESS_TAG)
+    if variables is None:
+      logging.info("failover graphs: a variable is split between the ps, so a failover "
+                   "coordinator traces its closures anew: nothing to build ahead")
+      return None
+    cache = self._cache.in_cluster(view.as_dict()).extended(
+        num_ps=view.num_tasks(spec_lib.JobType.PS))
+    graph = cache.rebuilt_tag("full", variables)
+    if graph is None:
+      return None  # No stored trace fits: the failover coordinator traces too.
+    record = Record(os.path.join(self._cache.directory, RECORD))
+    key = f"{graph}@{workers_epoch()}"
+    workers = dict(enumerate(view.addresses(spec_lib.JobType.WORKER)))
+    asked = to_ask(record.read(), key, workers)
+    if not asked:
+      return None
+    call = self._warm_call(cache, variables)
+    if call is None:
+      return None
+    logging.info("failover graphs: %d worker(s) optimize the written-out closure for the "
+                 "cluster a ps failover would leave, ahead of need", len(asked))
+    return warm_up.warm_once(self._coordinator, [call], sorted(asked),
+                             done=lambda index: record.add(key, asked[index]),
+                             what="the failover cluster's written-out closure")
