@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from tfps.base import errors
 from tfps.coordinator import api
-from tfps import run_spec
+from tfps.base import files
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -69,7 +69,7 @@ def _read(path: str, what: str) -> Any:
 
 
 def write_coordinator(result: api.CoordinatorResult, path: str) -> None:
-  run_spec.write_json(path, result.as_dict())
+  files.write_json(path, result.as_dict())
 
 
 def read_coordinator(path: str) -> api.CoordinatorResult:
@@ -80,7 +80,7 @@ def read_coordinator(path: str) -> api.CoordinatorResult:
 
 
 def write(result: RunResult, path: str) -> None:
-  run_spec.write_json(path, result.to_json())
+  files.write_json(path, result.to_json())
 
 
 def read(path: str) -> RunResult:

@@ -15,12 +15,11 @@ turns it into the coordinator's `CoordinatorConfig`. TensorFlow-free.
 
 import dataclasses
 import json
-import os
-import tempfile
 import types
 from typing import Any, Mapping
 
 from tfps.base import errors
+from tfps.base import files
 from tfps.cluster import spec as spec_lib
 from tfps.coordinator import api
 from tfps.recovery import readmission
@@ -229,17 +228,8 @@ def from_flags(flags) -> RunSpec:
   return spec
 
 
-def write_json(path: str, record: Mapping[str, Any]) -> None:
-  """Writes `record` to `path` whole or not at all (a reader never sees half)."""
-  directory = os.path.dirname(os.path.abspath(path))
-  with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False,
-                                   encoding="utf-8") as f:
-    json.dump(record, f)
-  os.replace(f.name, path)
-
-
 def write(spec: RunSpec, path: str) -> str:
-  write_json(path, spec.to_json())
+  files.write_json(path, spec.to_json())
   return path
 
 

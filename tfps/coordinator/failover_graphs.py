@@ -40,6 +40,7 @@ from typing import Any, Callable, Mapping
 from absl import logging
 import tensorflow as tf
 
+from tfps.base import files
 from tfps.base import messages
 from tfps.cluster import spec as spec_lib
 from tfps.coordinator import trace_cache as trace_cache_lib
@@ -113,11 +114,8 @@ class Record:
     with self._lock:
       held = self.read()
       held[key] = sorted(set(held.get(key, [])) | {address})
-      temporary = f"{self.path}.tmp-{os.getpid()}"
       try:
-        with open(temporary, "w", encoding="utf-8") as f:
-          json.dump(held, f)
-        os.replace(temporary, self.path)  # Whole or not at all.
+        files.write_json(self.path, held)
       except OSError as e:
         logging.warning("failover graphs: could not record %s in %s: %s", address, self.path, e)
 

@@ -54,6 +54,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.eager.polymorphic_function import concrete_function as concrete_lib
 from tensorflow.python.framework import function_def_to_graph
 
+from tfps.base import files
 from tfps.coordinator import trace_relocation
 from tfps.coordinator import worker_functions
 
@@ -199,13 +200,9 @@ class TraceCache:
                       str(e).splitlines()[0][:200] if str(e) else "")
       return False
     entry["key"] = json.loads(json.dumps(self.key))
-    path = self.path(name)
-    temporary = f"{path}.tmp-{os.getpid()}"
     try:
       os.makedirs(self.directory, exist_ok=True)
-      with open(temporary, "w", encoding="utf-8") as f:
-        json.dump(entry, f)
-      os.replace(temporary, path)  # Whole or not at all.
+      files.write_json(self.path(name), entry)
     except OSError as e:
       logging.warning("trace cache: could not store %s in %s: %s", name, self.directory, e)
       return False
