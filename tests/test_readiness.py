@@ -1,6 +1,7 @@
 """Readiness against real gRPC servers (grpcio) on loopback; no TensorFlow."""
 
 import concurrent.futures
+import threading
 import time
 
 import grpc
@@ -80,3 +81,28 @@ def test_a_refusal_ends_a_probe_at_once_a_silent_listener_costs_the_timeout(grpc
     start = time.monotonic()
     assert readiness.reachable(paused, [ps0], timeout=1.0) == set()
     assert time.monotonic() - start >= 0.9
+
+
+def test_a_probe_answers_without_waiting_for_its_channels_to_close(grpc_server, monkeypatch):
+  # grpc's channel close waits out its connectivity poll (0.2 s): a probe
+  # that waited for it cost that much per task however fast the task answered.
+  release, done, closed = threading.Event(), threading.Event(), []
+
+  def slow_close(channels, callbacks):
+    release.wait(30)
+    readiness_close(channels, callbacks)
+    closed.extend(channels)
+    done.set()
+
+  readiness_close = readiness._close
+  monkeypatch.setattr(readiness, "_close", slow_close)
+  dead = f"127.0.0.1:{portpicker.pick_unused_port()}"
+  cluster = spec_lib.ClusterSpec.from_dict({"ps": [grpc_server], "worker": [dead]})
+  try:
+    assert readiness.reachable(cluster, list(cluster.tasks()), 10) == {
+        spec_lib.TaskId(spec_lib.JobType.PS, 0)}
+    assert not closed  # Answered while its channels were still being closed.
+  finally:
+    release.set()
+  assert done.wait(30)
+  assert sorted(closed) == sorted(cluster.tasks())
