@@ -154,6 +154,8 @@ def _leave_coordinator(stderr_filter, temp, code: int) -> None:
   a background trace (`trainer.PSTrainer`'s fast start) may still run;
   everything is saved and flushed, so leave without destructors.
   """
+  if code != errors.ExitCode.OK:  # When it left, for whoever times a restart from the log.
+    logging.info("coordinator exiting with code %d", int(code))
   sys.stdout.flush()
   stderr_filter.close()
   temp.cleanup()
