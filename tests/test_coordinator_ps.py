@@ -28,6 +28,7 @@ from tfps.coordinator import ctr
 from tfps.coordinator import datasets
 from tfps.coordinator import evaluator as evaluator_lib
 from tfps.coordinator import experiment as experiment_lib
+from tfps.coordinator import loop_ends
 from tfps.coordinator import loop_guard
 from tfps.coordinator import ps_state
 from tfps.coordinator import pull_push
@@ -650,6 +651,44 @@ def test_an_async_save_returns_before_the_write_and_writes_the_state_it_was_give
   assert restored.ledger.taken == 5 and restored.ledger.positions == [5, 0]
 
 
+def test_a_due_save_is_skipped_while_the_last_write_runs_and_made_at_the_next_loop_end(
+    runtime, tmp_path):
+  # TensorFlow's next save would wait for the write in flight: training would
+  # stand still for the rest of it. The boundary stays unsaved instead.
+  with runtime.strategy.scope():
+    step = tf.Variable(0, dtype=tf.int64)
+  held = _HeldWrite()
+  checkpoint = tf.train.Checkpoint(step=step, held=held)
+  ends = loop_ends.LoopEnds(steps_per_loop=10, checkpoint_interval=10)
+  manager = checkpoints.Manager(checkpoint, str(tmp_path), asynchronous=True, max_to_keep=5,
+                                step_counter=step, checkpoint_interval=10,
+                                save_due=ends.save_due)
+  held.release.set()
+  manager.save_now(0)  # The first save builds the snapshots (and waits here).
+  held.release.clear()
+  held.writing.clear()
+  try:
+    step.assign(10)
+    assert manager.save(checkpoint_number=10).endswith("-10")
+    assert held.writing.wait(timeout=60) and manager.writing()
+    step.assign(20)
+    assert manager.save(checkpoint_number=20) is None  # Due; returned without waiting.
+    assert (manager.saves, manager.saves_skipped) == (2, 1)
+    assert manager.latest_checkpoint.endswith("-0")
+  finally:
+    held.release.set()
+  manager.sync()
+  assert not manager.writing() and manager.latest_checkpoint.endswith("-10")
+  step.assign(25)  # The next loop end: boundary 20 is still unsaved.
+  assert manager.save(checkpoint_number=25).endswith("-25")
+  manager.sync()
+  step.assign(27)  # Within the same interval: not due, whatever the writer does.
+  assert manager.save(checkpoint_number=27) is None
+  assert (manager.saves, manager.saves_skipped) == (3, 1)
+  manager.close()
+  assert manager.latest_checkpoint.endswith("-25")
+
+
 class _FailsInBackground(tf.Module):
   """A checkpointed value whose background write fails as a lost ps's would."""
 
@@ -680,13 +719,18 @@ def test_a_failed_background_write_is_raised_by_sync_and_not_indexed(runtime, tm
 def test_the_checkpoint_cost_bench_times_both_kinds_of_save(runtime, tmp_path, caplog):
   from tfps.bench import checkpoint_cost
   with caplog.at_level("INFO"):
-    row, = checkpoint_cost.measure(runtime, (200_000,), str(tmp_path), repeats=1)
+    row, = checkpoint_cost.measure(runtime, (200_000,), str(tmp_path), repeats=1, loops=3,
+                                   loop_steps=4)
   assert "async checkpoint" not in caplog.text  # TF's per-save lines, as in the chief's log.
   assert row["parameters"] == 200_000 and row["checkpoint_bytes"] >= 2 * 200_000 * 4
   for key in ("save_seconds", "async_first_seconds", "async_return_seconds",
               "async_write_seconds", "restore_seconds"):
     assert 0 < row[key] < 60, (key, row)
   assert row["async_return_seconds"] <= row["async_write_seconds"]
+  waiting, skipping = row["every_loop"]["waiting"], row["every_loop"]["skipping"]
+  assert (waiting["saves"], waiting["skipped"]) == (3, 0)
+  # Whether a write outlasts a loop is the host's business; every loop end is one or the other.
+  assert skipping["saves"] >= 1 and skipping["saves"] + skipping["skipped"] == 3
   assert not os.listdir(tmp_path)  # Its checkpoints are removed.
 
 

@@ -179,11 +179,16 @@ def _recovery_lines(result: dict) -> list[str]:
                  f"{shown(f.get('stall_beyond_loop_seconds')):>15} "
                  f"{f.get('steps_lost', 0):>10}")
   lines.append(f"{'parameters':>12} {'checkpoint MB':>13} {'save s':>7} "
-               f"{'async: stall s':>14} {'write s':>7} {'restore s':>9}")
+               f"{'async: stall s':>14} {'write s':>7} {'restore s':>9} "
+               f"{'every loop: stall s, saves (waiting | skipping)':>50}")
   for row in result["checkpoint"]:
+    every = row.get("every_loop", {})
+    shown = " | ".join(f"{e['stall_per_loop_end_seconds']:.3f}, {e['saves']}"
+                       for e in (every.get("waiting"), every.get("skipping")) if e)
     lines.append(f"{row['parameters']:>12,} {row['checkpoint_bytes'] / 1e6:>13.1f} "
                  f"{row['save_seconds']:>7.2f} {row['async_stall_seconds']:>14.3f} "
-                 f"{row['async_write_seconds']:>7.2f} {row['restore_seconds']:>9.2f}")
+                 f"{row['async_write_seconds']:>7.2f} {row['restore_seconds']:>9.2f} "
+                 f"{shown:>50}")
   return lines
 
 

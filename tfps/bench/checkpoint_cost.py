@@ -18,7 +18,13 @@ places them, each ps initializing its own part), then, the median of
   `async_write_seconds`: from that save's start until it is complete on
   disk (training runs meanwhile). The first asynchronous save, which also
   creates the snapshot variables, is timed apart (`async_first_seconds`);
-* `restore_seconds`: reading the files back into the variables.
+* `restore_seconds`: reading the files back into the variables;
+* `every_loop`: saves at every loop end, as training makes them: `loops`
+  loops of `loop_steps` sparse updates each, a save due at each loop end,
+  once as the coordinator saves (a due save is skipped while the last write
+  still runs, `checkpoints.Manager`) and once waiting for that write as
+  TensorFlow's next save would (`waiting`): the seconds training stood
+  still per loop end, the saves made and skipped, and a loop's seconds.
 """
 
 import os
@@ -61,13 +67,39 @@ def _sparse_update(variables):
   return update
 
 
-def measure(runtime, sizes: tuple[int, ...], work_dir: str, repeats: int = 3) -> list[dict]:
+def measure(runtime, sizes: tuple[int, ...], work_dir: str, repeats: int = 3,
+            loops: int = 8, loop_steps: int = 200) -> list[dict]:
   # Without TF's three lines per asynchronous save, as in the chief's log.
   with coordinator_run.routine_lines_dropped():
-    return _measure(runtime, sizes, work_dir, repeats)
+    return _measure(runtime, sizes, work_dir, repeats, loops, loop_steps)
 
 
-def _measure(runtime, sizes: tuple[int, ...], work_dir: str, repeats: int) -> list[dict]:
+def _every_loop(items: dict, update, step: tf.Variable, directory: str, *, skip: bool,
+                loops: int, loop_steps: int) -> dict:
+  """Saves due at every loop end of `loops` loops of `loop_steps` updates (module doc)."""
+  manager = checkpoints.Manager(tf.train.Checkpoint(**items), directory, asynchronous=True,
+                                max_to_keep=1, step_counter=step, checkpoint_interval=loop_steps,
+                                save_due=lambda now, last: now // loop_steps > last // loop_steps,
+                                skip_while_writing=skip)
+  manager.save_now(int(step.numpy()))  # Builds the snapshots, as a coordinator's first save.
+  manager.stall_seconds = 0.0
+  loop_seconds = []
+  for _ in range(loops):
+    start = time.perf_counter()
+    for _ in range(loop_steps):
+      update()
+    step.assign_add(loop_steps)
+    loop_seconds.append(time.perf_counter() - start)
+    manager.save(checkpoint_number=int(step.numpy()))
+  stall, saves, skipped = manager.stall_seconds, manager.saves - 1, manager.saves_skipped
+  manager.close()
+  shutil.rmtree(directory, ignore_errors=True)
+  return {"stall_per_loop_end_seconds": round(stall / loops, 3), "saves": saves,
+          "skipped": skipped, "loop_seconds": round(statistics.median(loop_seconds), 3)}
+
+
+def _measure(runtime, sizes: tuple[int, ...], work_dir: str, repeats: int, loops: int,
+             loop_steps: int) -> list[dict]:
   rows = []
   for params in sizes:
     shape = (max(1, params // _DIM), _DIM)
@@ -108,6 +140,11 @@ def _measure(runtime, sizes: tuple[int, ...], work_dir: str, repeats: int) -> li
       writes.append(time.perf_counter() - start)
     manager.close()
     shutil.rmtree(directory, ignore_errors=True)
+    # Taking turns would leave one a host busy with the other's write: one, then the other.
+    row["every_loop"] = {
+        mode: _every_loop(items, update, step, os.path.join(work_dir, f"every-loop-{params}"),
+                          skip=mode == "skipping", loops=loops, loop_steps=loop_steps)
+        for mode in ("waiting", "skipping")}
 
     row.update(save_seconds=round(statistics.median(saves), 3),
                async_stall_seconds=round(statistics.median(

@@ -296,6 +296,8 @@ class CoordinatorResult:
       not, shards, epochs; see `coordinator.ledger`).
     checkpoint_saves, checkpoint_stall_seconds: this coordinator's saves and
       the time training stood still for them (`checkpoints.Manager`).
+    checkpoint_saves_skipped: saves that were due while the previous write
+      still ran, left to the next loop end (`checkpoints.Manager`).
   """
 
   status: RunStatus
@@ -314,6 +316,7 @@ class CoordinatorResult:
   input: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   checkpoint_saves: int = 0
   checkpoint_stall_seconds: float = 0.0
+  checkpoint_saves_skipped: int = 0
 
   def as_dict(self) -> dict[str, Any]:
     d = dataclasses.asdict(self)

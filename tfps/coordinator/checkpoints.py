@@ -12,9 +12,15 @@ own ps (a memory copy, no transfer), and returns; a background thread writes
 the snapshot while training goes on, and the `checkpoint` index names it only
 once it is complete. Training stops for the copy alone (docs/benchmarks.md,
 "Checkpoint cost"); the price is a second copy of the variables in each ps's
-memory. The next save first waits for the previous write; `sync()` waits
-for the last, and every save that must be on disk before the process acts
-on it (a preemption notice, SIGTERM, the end of training) is followed by one.
+memory. TensorFlow's next save first waits for the previous write, so a
+routine save (a loop end reaching a checkpoint boundary) that finds the last
+write still running is skipped instead: training would stand still for the
+rest of that write (a model whose write outlasts a loop: hundreds of MB on
+slow storage). The boundary stays unsaved, so the next loop end saves; the
+interval stretches to the write's time, and each save stops training for
+its copy alone. `sync()` waits for the last write, and every save that must
+be on disk before the process acts on it (a preemption notice, SIGTERM, the
+end of training) is forced and followed by one.
 """
 
 import atexit
@@ -97,20 +103,33 @@ class Manager(tf.train.CheckpointManager):
 
   def __init__(self, checkpoint: tf.train.Checkpoint, directory: str, *, asynchronous: bool,
                before_save: Sequence[Callable[[], None]] = (),
-               save_due: Callable[[int, int], bool] | None = None, **kwargs):
+               save_due: Callable[[int, int], bool] | None = None,
+               skip_while_writing: bool = True, **kwargs):
     """`save_due(step, last_saved_step)`: whether a `save(check_interval=True)` at
-    `step` saves (default: TensorFlow's, `checkpoint_interval` steps after the last)."""
+    `step` saves (default: TensorFlow's, `checkpoint_interval` steps after the last);
+    `skip_while_writing` False waits for the write in flight instead (the bench's
+    side-by-side)."""
     super().__init__(checkpoint, directory, **kwargs)
     self.asynchronous = asynchronous
+    self._skip_while_writing = skip_while_writing
     self._before_save = tuple(before_save)
     self._save_due = save_due
     self.saves = 0
+    self.saves_skipped = 0  # Due, but the previous write was still running.
     self.stall_seconds = 0.0  # Time the caller stood still in save() and sync().
 
   def save(self, checkpoint_number=None, check_interval: bool = True, options=None):
     last = self._last_checkpoint_step if self._checkpoint_interval is not None else None
     if check_interval and self._save_due is not None and last is not None:
-      if not self._save_due(int(self._step_counter.numpy()), int(last)):
+      step = int(self._step_counter.numpy())
+      if not self._save_due(step, int(last)):
+        return None
+      if self.asynchronous and self._skip_while_writing and self.writing():
+        if not self.saves_skipped:
+          logging.info("checkpoint at step %d skipped: the write of step %d is still running "
+                       "(saves follow the writes; counted in checkpoint_saves_skipped)",
+                       step, last)
+        self.saves_skipped += 1
         return None
       check_interval = False  # Due: TensorFlow's own check would count from `last`.
     start = time.perf_counter()
@@ -125,6 +144,12 @@ class Manager(tf.train.CheckpointManager):
       self.saves += 1
       self.stall_seconds += time.perf_counter() - start
     return path
+
+  def writing(self) -> bool:
+    """Whether a background write is still running (TensorFlow's next save would wait)."""
+    writer = getattr(self.checkpoint, "_async_checkpointer_impl", None)
+    queue = getattr(writer, "_queue", None)  # TF's writer thread marks each write done.
+    return bool(queue is not None and queue.unfinished_tasks)
 
   def sync(self) -> None:
     """Waits for the background write, if one runs; raises its error if it failed."""

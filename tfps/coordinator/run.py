@@ -443,4 +443,5 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
       eval=_floats(eval_output), checkpoint=manager.latest_checkpoint,
       model_dir=config.model_dir, input=_input_summary(trainer, ledger),
       checkpoint_saves=manager.saves,
-      checkpoint_stall_seconds=round(manager.stall_seconds, 3))
+      checkpoint_stall_seconds=round(manager.stall_seconds, 3),
+      checkpoint_saves_skipped=manager.saves_skipped)
