@@ -32,8 +32,8 @@ class _Coordinator:
     self.ran = []
 
   def schedule(self, fn, args=()):
-    name = fn.python_function.__name__  # Less this process's tag (`worker_functions`):
-    self.ran.append(name.removesuffix(f"_{worker_functions.PROCESS_TAG}"))
+    name = fn.python_function.__name__  # Less this process's tag and count:
+    self.ran.append(worker_functions.kind(name))
     return fn(*args)
 
 

@@ -60,7 +60,13 @@ def test_enable_points_tensorflow_at_the_directory_or_runs_without(tmp_path, mon
 
 
 def test_a_traced_function_is_named_for_this_process_only():
-  assert worker_functions.traced("full_closure") == f"full_closure_{worker_functions.PROCESS_TAG}"
+  first, second = worker_functions.traced("full_closure"), worker_functions.traced("full_closure")
+  assert first.startswith(f"full_closure_{worker_functions.PROCESS_TAG}_")
+  # One process may trace two closures of a kind (the bench's sizes, one after the
+  # other): a worker's graph cache must not read one's graph for the other.
+  assert first != second
+  assert worker_functions.kind(first) == worker_functions.kind(second) == "full_closure"
+  assert worker_functions.kind("full_closure_1234") == "full_closure_1234"
   other = subprocess.run(
       [sys.executable, "-c", "from tfps.coordinator import worker_functions as w; "
        "print(w.PROCESS_TAG)"], capture_output=True, text=True, check=True, timeout=60)
@@ -71,7 +77,8 @@ def test_a_traced_function_is_named_for_this_process_only():
     return shard_index, num_batches
 
   named = worker_functions.named(run_shard, "run_shard")
-  assert named.__name__ == worker_functions.traced("run_shard")
+  assert worker_functions.kind(named.__name__) == "run_shard"
+  assert worker_functions.PROCESS_TAG in named.__name__
   assert named(1) == (1, -1) and named.__doc__ == "One shard."
   assert list(inspect.signature(named).parameters) == ["shard_index", "num_batches"]
 

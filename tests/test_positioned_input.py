@@ -126,8 +126,8 @@ class _ClosureLog:
     self._coordinator, self.names = coordinator, []
 
   def schedule(self, fn, args=None, kwargs=None):
-    name = fn.python_function.__name__  # Less this process's tag (`worker_functions`):
-    self.names.append(name.removesuffix(f"_{worker_functions.PROCESS_TAG}"))
+    name = fn.python_function.__name__  # Less this process's tag and count:
+    self.names.append(worker_functions.kind(name))
     return self._coordinator.schedule(fn, args=args, kwargs=kwargs)
 
   def __getattr__(self, name):

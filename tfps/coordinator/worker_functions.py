@@ -7,9 +7,13 @@ placed for. So each name tfps schedules under stands for one graph in one
 cluster:
 
 * a function this coordinator traces is named with this process's own random
-  tag (`traced`): the next coordinator traces its own, maybe for another
-  cluster, and never reads this one's. Each is traced once per process (its
-  arguments' specs are fixed), so no two traces share a name;
+  tag and a count (`traced`): the next coordinator traces its own, maybe for
+  another cluster, and never reads this one's; and one process that builds
+  several trainers (the bench's sizes, one after the other on one cluster)
+  gives each its own name. Each name is traced once (its arguments' specs are
+  fixed), so no two traces share a name. Before the count, the bench's second
+  size read back the first size's optimized graph (same name, same node count)
+  and failed on a shape;
 * a function rebuilt from a stored trace (`trace_cache`) is named after what
   decides its optimized graph (`rebuilt_suffix`): the stored graph, where its
   ops were moved, the cluster's shape as a placed graph sees it (`placement`)
@@ -28,17 +32,24 @@ workers read back the graph either one optimized.
 import collections
 import functools
 import hashlib
+import itertools
 import json
 import secrets
 from typing import Any, Callable, Mapping, Sequence
 
 PROCESS_TAG = secrets.token_hex(6)
 _REBUILT: collections.Counter = collections.Counter()
+_TRACED = itertools.count()
 
 
 def traced(name: str) -> str:
-  """`name` for a function traced in this process."""
-  return f"{name}_{PROCESS_TAG}"
+  """`name` for a function traced in this process: a new name at every call."""
+  return f"{name}_{PROCESS_TAG}_{next(_TRACED)}"
+
+
+def kind(name: str) -> str:
+  """The `name` a function's name made by `traced` was made from (else `name` itself)."""
+  return name.partition(f"_{PROCESS_TAG}_")[0]
 
 
 def named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
