@@ -183,12 +183,12 @@ def _recovery_lines(result: dict) -> list[str]:
                f"{'every loop: stall s, saves (waiting | skipping)':>50}")
   for row in result["checkpoint"]:
     every = row.get("every_loop", {})
-    shown = " | ".join(f"{e['stall_per_loop_end_seconds']:.3f}, {e['saves']}"
-                       for e in (every.get("waiting"), every.get("skipping")) if e)
+    every_loop = " | ".join(f"{e['stall_per_loop_end_seconds']:.3f}, {e['saves']}"
+                            for e in (every.get("waiting"), every.get("skipping")) if e)
     lines.append(f"{row['parameters']:>12,} {row['checkpoint_bytes'] / 1e6:>13.1f} "
                  f"{row['save_seconds']:>7.2f} {row['async_stall_seconds']:>14.3f} "
                  f"{row['async_write_seconds']:>7.2f} {row['restore_seconds']:>9.2f} "
-                 f"{shown:>50}")
+                 f"{every_loop:>50}")
   return lines
 
 

@@ -35,6 +35,7 @@ import time
 import tensorflow as tf
 
 from tfps.coordinator import checkpoints
+from tfps.coordinator import loop_ends
 from tfps.coordinator import run as coordinator_run
 
 _DIM = 16
@@ -79,7 +80,7 @@ def _every_loop(items: dict, update, step: tf.Variable, directory: str, *, skip:
   """Saves due at every loop end of `loops` loops of `loop_steps` updates (module doc)."""
   manager = checkpoints.Manager(tf.train.Checkpoint(**items), directory, asynchronous=True,
                                 max_to_keep=1, step_counter=step, checkpoint_interval=loop_steps,
-                                save_due=lambda now, last: now // loop_steps > last // loop_steps,
+                                save_due=loop_ends.LoopEnds(loop_steps, loop_steps).save_due,
                                 skip_while_writing=skip)
   manager.save_now(int(step.numpy()))  # Builds the snapshots, as a coordinator's first save.
   manager.stall_seconds = 0.0

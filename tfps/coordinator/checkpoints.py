@@ -145,10 +145,13 @@ class Manager(tf.train.CheckpointManager):
       self.stall_seconds += time.perf_counter() - start
     return path
 
+  def _writer(self):
+    """TensorFlow's asynchronous writer (private), once a save made one; else None."""
+    return getattr(self.checkpoint, "_async_checkpointer_impl", None)
+
   def writing(self) -> bool:
     """Whether a background write is still running (TensorFlow's next save would wait)."""
-    writer = getattr(self.checkpoint, "_async_checkpointer_impl", None)
-    queue = getattr(writer, "_queue", None)  # TF's writer thread marks each write done.
+    queue = getattr(self._writer(), "_queue", None)  # Its thread marks each write done.
     return bool(queue is not None and queue.unfinished_tasks)
 
   def sync(self) -> None:
@@ -158,7 +161,7 @@ class Manager(tf.train.CheckpointManager):
     self.stall_seconds += time.perf_counter() - start
     # TensorFlow keeps a failed write's error for the next save to raise; a
     # caller of sync() must hear it now (the helper exists once a save ran).
-    writer = getattr(self.checkpoint, "_async_checkpointer_impl", None)
+    writer = self._writer()
     if writer is not None:
       writer._check_async_thread_error()  # pylint: disable=protected-access
 
@@ -175,7 +178,7 @@ class Manager(tf.train.CheckpointManager):
     try:
       self.sync()  # Raises a failed write's error (TensorFlow then forgets it).
     finally:
-      writer = getattr(self.checkpoint, "_async_checkpointer_impl", None)
+      writer = self._writer()
       if writer is not None:
         self.checkpoint._async_checkpointer_impl = None  # pylint: disable=protected-access
         atexit.unregister(writer._join_async_save_thread)  # pylint: disable=protected-access
