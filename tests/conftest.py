@@ -11,6 +11,7 @@ this process if it is killed (the tasks die with their parent).
 
 import os
 import subprocess
+import tempfile
 import sys
 
 import pytest
@@ -19,6 +20,7 @@ from tfps.cluster import hosts
 from tfps.cluster import local
 
 import cluster_helpers
+import crash_check
 
 # As `tfps` does for its own processes: TF's C++ INFO chatter (start-up notes,
 # and at exit one line per remote function handle) is not test output.
@@ -32,8 +34,39 @@ def run_tfps(args, *, env=None, timeout=60):
   full_env = dict(os.environ)
   full_env.pop("TF_CONFIG", None)
   full_env.update(env or {})
-  return subprocess.run(TFPS + list(args), env=full_env, capture_output=True, text=True,
+  done = subprocess.run(TFPS + list(args), env=full_env, capture_output=True, text=True,
                         timeout=timeout, stdin=subprocess.DEVNULL)
+  crash_check.note(done.stdout, f"stdout of tfps {args[0] if args else ''}")
+  crash_check.note(done.stderr, f"stderr of tfps {args[0] if args else ''}")
+  return done
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "crash_output_expected(*substrings): the test crashes a process on purpose; "
+      "crash lines holding one of these do not fail it")
+
+
+@pytest.fixture(scope="session")
+def _temp_root(tmp_path_factory):
+  """The session's temporary root; every tfps process keeps its scratch under it."""
+  root = tmp_path_factory.getbasetemp()
+  scratch = tmp_path_factory.mktemp("scratch")
+  os.environ["TMPDIR"] = str(scratch)  # For the processes the tests start...
+  tempfile.tempdir = str(scratch)  # ...and for this one, which sweeps their leftovers.
+  return str(root)
+
+
+@pytest.fixture(autouse=True)
+def _no_crash_in_any_output(request, _temp_root):
+  """Fails a test whose processes wrote a crash anywhere (`crash_check`)."""
+  before = crash_check.sizes(_temp_root)
+  crash_check.reset()
+  yield
+  marker = request.node.get_closest_marker("crash_output_expected")
+  found = crash_check.fatal_since(_temp_root, before, tuple(marker.args) if marker else ())
+  if found:
+    pytest.fail("a process crashed (crash_check):\n" + "\n".join(found[:20]), pytrace=False)
 
 
 @pytest.fixture

@@ -35,6 +35,9 @@ def test_short_chaos_run_recovers_every_fault(tfps, tmp_path):
   assert all(f["longest_stall_seconds"] > 0 for f in report["faults"])
   assert report["recovery_seconds"]["max"] >= report["recovery_seconds"]["p50"] > 0
   assert report["global_step"] >= 2500 and report["eval"]["auc"] > 0.5
+  # The faults' victims, and no other process, died (the chief's coordinator
+  # died with it, unseen: its supervisor was the chief).
+  assert report["deaths"] == {"worker:1": 1, "chief:0": 1}, report["deaths"]
   assert os.path.exists(tmp_path / "events.jsonl")
   # The input accounting (the ctr's files, positioned) and the run's picture.
   assert report["checks"]["input_covered"] and report["input"]["never_trained"] == 0, report

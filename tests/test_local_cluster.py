@@ -73,7 +73,7 @@ def test_sigkilled_worker_restarts_at_the_same_address(cluster):
   worker.kill(signal.SIGKILL)
   assert worker.wait(timeout=10) == -signal.SIGKILL
   # A dead task is reported at once, not after the readiness deadline.
-  with pytest.raises(RuntimeError, match=r"worker:1 is not running \(exit code -9\)"):
+  with pytest.raises(local.TaskExitedError, match=r"worker:1 killed by SIGKILL before it answered"):
     cluster.wait_ready([worker.task], timeout=1)
   worker.restart(timeout=60)
   assert worker.pid != old_pid and worker.address == address

@@ -7,6 +7,7 @@ decision is checked without processes or TensorFlow.
 import pytest
 
 from tfps import orchestrator
+from tfps.recovery import events
 from tfps.base import errors
 from tfps.base import signals
 from tfps.cluster import spec as spec_lib
@@ -21,6 +22,10 @@ class FakeTask:
     self.returncode = None
     self.log_path = f"/logs/{task}.log"
     self.address = "127.0.0.1:1"
+    self.pid = 1000
+
+  def last_lines(self):
+    return (f"{self.task}'s last words",)
 
   @property
   def alive(self):
@@ -29,6 +34,7 @@ class FakeTask:
   def start(self):
     self.returncode = self.plan[self.starts]
     self.starts += 1
+    self.pid += 1
 
 
 class FakeCluster:
@@ -36,12 +42,12 @@ class FakeCluster:
     self.tasks = {h.task: h for h in handles}
 
 
-def run_to_outcome(chief_plan, max_restarts, worker_plan=(None,)):
+def run_to_outcome(chief_plan, max_restarts, worker_plan=(None,), event_log=None):
   chief = FakeTask(spec_lib.TaskId(spec_lib.JobType.CHIEF, 0), chief_plan)
   worker = FakeTask(spec_lib.TaskId(spec_lib.JobType.WORKER, 0), worker_plan)
   worker.start()
   runner = orchestrator.Orchestrator(FakeCluster(chief, worker), chief, signals.StopSignals(),
-                                     max_restarts=max_restarts)
+                                     max_restarts=max_restarts, event_log=event_log)
   runner.start()
   for _ in range(len(chief_plan) + len(worker_plan)):
     outcome = runner.poll()
@@ -71,7 +77,7 @@ def test_the_chiefs_restart_budget_counts_the_whole_run():
 
 def test_a_ps_or_worker_that_exits_is_started_again_and_a_held_one_is_not():
   chief = FakeTask(spec_lib.TaskId(spec_lib.JobType.CHIEF, 0), [None])  # Runs on.
-  w0, w1 = (FakeTask(spec_lib.TaskId(spec_lib.JobType.WORKER, i), [1, None]) for i in range(2))
+  w0, w1 = (FakeTask(spec_lib.TaskId(spec_lib.JobType.WORKER, i), [143, None]) for i in range(2))
   runner = orchestrator.Orchestrator(FakeCluster(chief, w0, w1), chief, signals.StopSignals(),
                                      max_restarts=0)
   runner.start()
@@ -79,3 +85,18 @@ def test_a_ps_or_worker_that_exits_is_started_again_and_a_held_one_is_not():
   runner.held.add(w1.task)  # A chaos fault holds it down.
   assert runner.poll() is None and runner.poll() is None
   assert (w0.starts, w1.starts, runner.task_restarts) == (2, 1, 1)
+
+
+def test_every_death_is_an_event_once_and_a_permanent_task_exit_ends_the_run(tmp_path):
+  log = events.EventLog(str(tmp_path))
+  # The chief: killed by SIGSEGV, then 170 (a decision, not a death), then runs on;
+  # the worker: killed, restarted, then exits 2 (bad flags: not retried).
+  outcome, runner, worker = run_to_outcome([-11, 170, None], max_restarts=5,
+                                           worker_plan=(-9, 2), event_log=log)
+  assert outcome.code == errors.ExitCode.USAGE
+  assert outcome.reason == "worker:0 exited with code 2 (permanent)"
+  died = [e for e in log.read() if e.kind == "died"]
+  assert [(e.task, e.signal, e.exit_code) for e in died] == [
+      ("worker:0", "SIGKILL", None), ("chief:0", "SIGSEGV", None), ("worker:0", None, 2)]
+  assert died[0].last_lines == ("worker:0's last words",) and died[0].pid == 1001
+  assert events.summarize(log.read())["deaths"] == {"chief:0": 1, "worker:0": 2}

@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 
+from tfps.cluster import launcher
 from tfps.cluster import processes
 
 PARENT = textwrap.dedent("""
@@ -79,3 +80,53 @@ def test_signal_tree_freezes_children_in_their_own_sessions():
                          timeout=10, what="parent and child to run again")
   finally:
     processes.stop_group(parent, grace=1.0)
+
+
+def test_no_python_runs_between_fork_and_exec(monkeypatch):
+  # subprocess runs a preexec_fn in the forked child, before exec: unsafe in a
+  # process with threads (every tfps process has gRPC's). spawn must give none.
+  seen = {}
+  real = subprocess.Popen.__init__
+
+  def record(self, *args, **kwargs):
+    seen.update(kwargs)
+    real(self, *args, **kwargs)
+
+  monkeypatch.setattr(subprocess.Popen, "__init__", record)
+  processes.spawn(["true"]).wait(10)
+  assert seen.get("preexec_fn") is None and seen["start_new_session"]
+
+
+def test_a_child_whose_parent_died_before_it_started_leaves_at_once():
+  # The window between fork and the child's parent-death signal: the launcher
+  # finds its parent gone (here: a pid that is not its parent) and never runs
+  # the command.
+  argv = processes.launch_argv(["echo", "ran"], parent_pid=1, netns_fd=None)
+  done = subprocess.run(argv, capture_output=True, timeout=30)
+  assert done.returncode == launcher.PARENT_GONE and not done.stdout
+
+
+def test_the_launcher_execs_the_command_in_place_in_its_own_group():
+  child = processes.spawn(["sh", "-c", "echo $$; exec sleep 300"], stdout=subprocess.PIPE)
+  try:
+    assert int(child.stdout.readline()) == child.pid  # The pid the caller holds.
+    assert os.getpgid(child.pid) == child.pid
+  finally:
+    processes.stop_group(child, grace=0)
+
+
+def test_a_missing_program_fails_at_spawn():
+  with pytest.raises(FileNotFoundError, match="no-such-program"):
+    processes.spawn(["no-such-program-tfps"])
+
+
+def test_no_tfps_module_hands_subprocess_a_pre_exec_hook():
+  root = os.path.dirname(os.path.dirname(os.path.abspath(processes.__file__)))
+  offenders = []
+  for directory, _, names in os.walk(root):
+    for name in names:
+      if name.endswith(".py"):
+        with open(os.path.join(directory, name), encoding="utf-8") as f:
+          if "preexec_fn" in f.read():
+            offenders.append(os.path.join(directory, name))
+  assert offenders == []

@@ -24,9 +24,7 @@ def grpc_server():
 
 def test_all_reachable_returns(grpc_server):
   cluster = spec_lib.ClusterSpec.from_dict({"ps": [grpc_server]})
-  start = time.monotonic()
-  readiness.wait_until_reachable(cluster, deadline=10)
-  assert time.monotonic() - start < 5
+  readiness.wait_until_reachable(cluster, deadline=60)  # Raises at the deadline otherwise.
 
 
 def test_timeout_names_only_the_missing_task(grpc_server):
@@ -36,22 +34,33 @@ def test_timeout_names_only_the_missing_task(grpc_server):
   with pytest.raises(readiness.ClusterUnreachableError) as raised:
     readiness.wait_until_reachable(cluster, deadline=2)
   waited = time.monotonic() - start
-  assert 1.5 <= waited < 6, waited
+  assert waited >= 1.9, waited  # It waited out its deadline, probing.
   assert raised.value.unreachable == (spec_lib.TaskId(spec_lib.JobType.WORKER, 0),)
   message = str(raised.value)
   assert f"worker:0 ({dead})" in message and "ps:0" not in message
   assert raised.value.exit_code.retryable
 
 
-def test_task_that_comes_up_late_is_found(grpc_server):
+def test_task_that_comes_up_late_is_found(grpc_server, monkeypatch):
   port = portpicker.pick_unused_port()
   late = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=1))
   late.add_insecure_port(f"127.0.0.1:{port}")
   cluster = spec_lib.ClusterSpec.from_dict({"ps": [grpc_server], "worker": [f"127.0.0.1:{port}"]})
+  missed = threading.Semaphore(0)  # One release per probe round the worker missed.
+  probe = readiness.reachable
+
+  def counted(*args, **kwargs):
+    found = probe(*args, **kwargs)
+    if spec_lib.TaskId(spec_lib.JobType.WORKER, 0) not in found:
+      missed.release()
+    return found
+
+  monkeypatch.setattr(readiness, "reachable", counted)
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
-    waiting = pool.submit(readiness.wait_until_reachable, cluster, 20)
-    time.sleep(1.0)  # The probe must be retrying while the server is still down.
-    assert not waiting.done()
+    waiting = pool.submit(readiness.wait_until_reachable, cluster, 120)
+    for _ in range(2):  # The probe retries while the server is still down...
+      assert missed.acquire(timeout=60)
+    assert not waiting.done()  # ...and does not give up.
     late.start()
     try:
       waiting.result(timeout=20)
@@ -71,8 +80,9 @@ def test_a_refusal_ends_a_probe_at_once_a_silent_listener_costs_the_timeout(grpc
   cluster = spec_lib.ClusterSpec.from_dict({"ps": [grpc_server], "worker": [dead]})
   ps0, worker0 = spec_lib.TaskId(spec_lib.JobType.PS, 0), spec_lib.TaskId(spec_lib.JobType.WORKER, 0)
   start = time.monotonic()
-  assert readiness.reachable(cluster, [ps0, worker0], timeout=30) == {ps0}
-  assert time.monotonic() - start < 10  # Nothing listens at `dead`: an answer, not a wait.
+  assert readiness.reachable(cluster, [ps0, worker0], timeout=300) == {ps0}
+  # Nothing listens at `dead`: an answer at once, not a wait for the timeout.
+  assert time.monotonic() - start < 150
   # The kernel accepts the TCP connection, nobody speaks HTTP/2 (a paused server).
   with socket.socket() as silent:
     silent.bind(("127.0.0.1", 0))

@@ -4,6 +4,7 @@ import re
 
 import pytest
 
+from tfps.recovery import events
 from tfps.recovery import progress_log
 from tfps.recovery import readmission
 
@@ -155,7 +156,8 @@ def test_the_chiefs_launcher_judges_from_the_whole_run_and_still_sees_its_coordi
 
   def launcher(**spec):
     made = run_command._CoordinatorLauncher(
-        config, run_spec.RunSpec(model_dir=model_dir, warm_standby=False, **spec), model_dir)
+        config, run_spec.RunSpec(model_dir=model_dir, warm_standby=False, **spec), model_dir,
+        events.EventLog(model_dir))
     made._coordinators.start = lambda excluded: (None, False)  # No process.
     return made
 

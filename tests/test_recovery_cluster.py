@@ -200,6 +200,22 @@ def test_chief_killed_resumes_from_the_latest_checkpoint(run):
   assert not glob.glob(os.path.join(tempfile.gettempdir(), f"tfps-chief-{killed}-*"))
 
 
+@pytest.mark.crash_output_expected("Fatal Python error: Segmentation fault")
+def test_a_coordinator_that_crashes_is_a_death_with_its_last_words_and_is_restarted(run):
+  # A real SIGSEGV to the coordinator (the supervisor's child): what a crash
+  # in TensorFlow's C++ code does. It dies with CPython's fatal-error report.
+  coordinator = run.restores[-1].pid
+  step, since = run.step, len(run.records)
+  os.kill(coordinator, signal.SIGSEGV)
+  restored = run.wait_for_restart_and_progress(since, timeout=180)
+  assert restored.pid != coordinator and 0 <= step - restored.step <= cluster_helpers.MAX_STEPS_LOST
+  [died] = [e for e in run.events() if e.kind == "died" and e.pid == coordinator]
+  assert (died.task, died.signal) == ("coordinator", "SIGSEGV"), died
+  assert any("Fatal Python error: Segmentation fault" in line for line in died.last_lines), died
+  failure = [e for e in run.events() if e.kind == "failure" and e.time >= died.time][0]
+  assert failure.failure == policy.FailureKind.CHIEF_LOST.value
+
+
 def test_two_workers_killed_together_are_both_readmitted(run):
   step = run.step
   workers = [run.cluster.worker(0), run.cluster.worker(1)]

@@ -153,7 +153,7 @@ def test_event_log_round_trip_and_summary(tmp_path):
     lines = [json.loads(line) for line in f]
   assert len(lines) == 5 and lines[0]["task"] == "ps:0" and "steps_lost" not in lines[0]
   assert events.summarize(log.read()) == {"faults": 2, "restarts": 1, "steps_lost": 20,
-                                      "steps_reexecuted": 0}
+                                      "steps_reexecuted": 0, "deaths": {}}
 
 
 def test_event_kind_is_validated():

@@ -7,8 +7,11 @@ import signal
 import sys
 import textwrap
 
+import pytest
+
 from tfps.cluster import processes
 from tfps.base import signals
+from tfps.recovery import events
 from tfps.recovery import standby
 
 # Stands in for `tfps run --nosupervise`: says which workers it would leave out.
@@ -18,6 +21,7 @@ _COORDINATOR = textwrap.dedent("""
     from tfps.recovery import standby
     excluded = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--exclude_tasks=")]
     if os.environ.get(standby.ENV_VAR):
+      standby.mark_ready(os.environ[standby.ENV_VAR])
       go = standby.wait_for_go(signals.StopSignals.install(), sys.stdin)
       if go is None:
         sys.exit(0)
@@ -26,11 +30,10 @@ _COORDINATOR = textwrap.dedent("""
 """)
 
 
-def _coordinators(tmp_path, warm=True):
+def _coordinators(tmp_path, warm=True, program=_COORDINATOR, event_log=None):
   return standby.WarmCoordinators(
-      lambda excluded: [sys.executable, "-c", _COORDINATOR,
-                        f"--exclude_tasks={','.join(excluded)}"],
-      env=dict(os.environ), stdout_dir=str(tmp_path), warm=warm)
+      lambda excluded: [sys.executable, "-c", program, f"--exclude_tasks={','.join(excluded)}"],
+      env=dict(os.environ), stdout_dir=str(tmp_path), warm=warm, event_log=event_log)
 
 
 def _said(coordinators):
@@ -46,7 +49,7 @@ def test_a_restart_takes_the_standby_and_tells_it_whom_to_leave_out(tmp_path):
   coordinators.prepare()
   prepared = coordinators.standby
   coordinators.prepare()
-  assert coordinators.standby is prepared  # One standby at a time.
+  assert coordinators.standby == prepared  # One standby at a time.
   second, warm = coordinators.start(["worker:1", "worker:0"])
   assert warm and second.wait(timeout=30) == 0
   assert _said(coordinators) == {"excluded": "worker:0,worker:1", "warm": True}
@@ -84,6 +87,63 @@ def test_a_dead_standby_is_replaced_by_a_cold_start(tmp_path):
   process, warm = coordinators.start(["worker:1"])
   assert not warm and process.wait(timeout=30) == 0
   assert _said(coordinators) == {"excluded": "worker:1", "warm": False}
+
+
+# A standby that crashes while it imports (as one forked unsafely did): a real SIGSEGV.
+_CRASHING_STANDBY = textwrap.dedent("""
+    import faulthandler, os, signal, sys
+    faulthandler.enable()
+    if os.environ.get("TFPS_STANDBY_READY_FILE"):
+      print("importing what a coordinator needs", file=sys.stderr, flush=True)
+      os.kill(os.getpid(), signal.SIGSEGV)
+""")
+
+
+def _wait_dead(coordinators):
+  process, _ = coordinators.standby
+  process.wait(timeout=30)
+
+
+@pytest.mark.crash_output_expected("Fatal Python error: Segmentation fault")
+def test_a_standby_that_dies_before_it_is_ready_is_reported_and_not_forked_forever(tmp_path):
+  log = events.EventLog(str(tmp_path))
+  coordinators = _coordinators(tmp_path, program=_CRASHING_STANDBY, event_log=log)
+  coordinators.prepare()
+  _wait_dead(coordinators)
+  coordinators.prepare()  # Sees the death; starts the second (and last) one.
+  _wait_dead(coordinators)
+  coordinators.prepare()  # Sees the second: no more.
+  assert coordinators.standby is None and not coordinators.warm
+  coordinators.prepare()
+  assert coordinators.standby is None
+  first, second, gave_up = log.read()
+  for died in (first, second):
+    assert (died.kind, died.task, died.signal) == ("died", "standby", "SIGSEGV")
+    assert died.detail.endswith("before it was ready")
+    assert "importing what a coordinator needs" in died.last_lines
+    assert any("Fatal Python error: Segmentation fault" in line for line in died.last_lines)
+  assert gave_up.kind == "action" and "2 warm standby coordinators in a row" in gave_up.detail
+  assert events.summarize(log.read())["deaths"] == {"standby": 2}
+  process, warm = coordinators.start([])  # Restarts go on, cold.
+  assert not warm and process.wait(timeout=30) == 0
+
+
+def test_a_standby_killed_after_it_was_ready_is_reported_and_replaced(tmp_path):
+  log = events.EventLog(str(tmp_path))
+  coordinators = _coordinators(tmp_path, event_log=log)
+  coordinators.prepare()
+  process, stdout_path = coordinators.standby
+  processes.wait_until(lambda: os.path.exists(stdout_path + ".ready"), timeout=30,
+                       what="the stand-in standby to be ready")
+  coordinators.prepare()  # Seen ready.
+  process.send_signal(signal.SIGKILL)
+  process.wait(timeout=10)
+  coordinators.prepare()
+  [died] = log.read()
+  assert (died.task, died.pid, died.signal) == ("standby", process.pid, "SIGKILL")
+  assert not died.detail.endswith("before it was ready")
+  assert coordinators.warm and coordinators.standby[0].pid != process.pid
+  coordinators.close()
 
 
 def test_wait_for_go_ends_on_end_of_file_or_a_stop_signal():

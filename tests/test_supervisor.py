@@ -63,6 +63,9 @@ class Harness:
   def exit_report(self):
     return self.report() if self.report else None
 
+  def last_lines(self):
+    return ("ready",)  # What every stand-in says.
+
   def close(self):
     self.closed = True
 
@@ -101,7 +104,7 @@ def test_ps_loss_restarts_the_coordinator_after_the_cluster_is_back(tmp_path):
   assert [e.kind for e in log] == ["failure", "action", "recovered"] * 2
   assert log[1].action == policy.Action.WAIT_AND_RESTART.value
   assert events.summarize(log) == {"faults": 2, "restarts": 2, "steps_lost": 0,
-                                   "steps_reexecuted": 0}
+                                   "steps_reexecuted": 0, "deaths": {}}
 
 
 @pytest.mark.parametrize("code, exit_code", [(1, errors.ExitCode.PERMANENT),
@@ -225,7 +228,9 @@ def test_a_coordinator_past_the_ps_deadline_is_killed_after_its_stacks_as_a_ps_l
   assert result == supervisor.SupervisorResult(errors.ExitCode.OK, 1, "finished")
   assert harness.started[0].returncode == -signal.SIGKILL
   assert "in waiting_on_the_network" in stderr_path.read_text()  # Its stacks, first.
-  failure, action, recovered = log.read()
+  died, failure, action, recovered = log.read()
+  assert (died.kind, died.task, died.signal) == ("died", "coordinator", "SIGKILL")
+  assert died.detail.endswith("killed by the supervisor: missed its ps deadline")
   assert failure.failure == Kind.PS_LOST.value and failure.task == "chief:0"
   assert failure.detail.startswith(
       "coordinator stopped by the supervisor: lost the cluster: ps:0 (10.0.0.3:2222) did not "

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from tensorflow.core.framework import function_pb2
 
+from tfps.cluster import processes
 from tfps.coordinator import trace_relocation
 
 PS0 = "/job:ps/replica:0/task:0/device:CPU:0"
@@ -211,11 +212,16 @@ def _on_a_cluster_of_two_ps(work_dir: str) -> dict:
 
 
 def test_a_failover_coordinator_runs_the_closures_traced_on_both_ps_moved_to_one(tmp_path):
-  result = subprocess.run([sys.executable, __file__, str(tmp_path / "traces")],
-                          capture_output=True, text=True, timeout=180,
+  # Spawned tied to this process: its servers never outlive the test.
+  child = processes.spawn([sys.executable, __file__, str(tmp_path / "traces")],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-  assert result.returncode == 0, result.stderr[-3000:]
-  seen = json.loads(result.stdout.strip().splitlines()[-1])
+  try:
+    out, err = child.communicate(timeout=180)
+  finally:
+    processes.stop_group(child, grace=0)
+  assert child.returncode == 0, err.decode(errors="replace")[-3000:]
+  seen = json.loads(out.decode().strip().splitlines()[-1])
   on_both, on_one = seen["on_both"], seen["on_one"]
   assert not on_both["stored"] and on_both["traced"] > 0
   assert PS1 in on_both["devices"] and PS0 in on_both["devices"]
@@ -243,6 +249,4 @@ def test_a_failover_coordinator_runs_the_closures_traced_on_both_ps_moved_to_one
   assert ahead["steps"] == 0 and ahead["row"] == [0.0, 0.0, 0.0]
 
 if __name__ == "__main__":
-  from tfps.cluster import processes  # pylint: disable=import-outside-toplevel
-  processes.set_parent_death_signal()  # Its servers never outlive the test.
   print(json.dumps(_on_a_cluster_of_two_ps(sys.argv[1])))

@@ -20,6 +20,7 @@ goodput and the timeline picture's path. Exit 0 only if every fault was
 recovered and every check passed; otherwise 1.
 """
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -35,6 +36,7 @@ from tfps.recovery import chaos
 from tfps.recovery import goodput
 from tfps.recovery import timeline
 from tfps.base import errors
+from tfps.recovery import events
 from tfps.base import log_summary
 from tfps.recovery import progress_log as progress_lib
 from tfps.base import signals
@@ -76,9 +78,17 @@ def run(flags) -> errors.ExitCode:
   faults = schedule(flags, cluster)  # Bad --faults fail before anything starts.
   local_command.check_spec(spec, cluster)  # So do bad run settings.
   logging.info("chaos schedule: %s", ", ".join(map(str, faults)))
-  with cluster:
+  try:
+    local_command.start_cluster(cluster, model_dir)
+  except local.TaskExitedError as e:
+    _print({"status": "failed", "reason": str(e), "faults_injected": 0,
+            "deaths": events.summarize(events.EventLog(model_dir).read())["deaths"]})
+    sys.stderr.write(f"tfps: error: {e}\n")
+    return e.exit_code
+  with contextlib.closing(cluster):
     chief = local_command.add_chief(cluster, spec)
-    runner = orchestrator.Orchestrator(cluster, chief, stop, max_restarts=spec.max_restarts)
+    runner = orchestrator.Orchestrator(cluster, chief, stop, max_restarts=spec.max_restarts,
+                                       event_log=events.EventLog(spec.model_dir))
     tracker = chaos.RecoveryTracker()
     runner.start()
     pending = list(faults)
@@ -86,6 +96,8 @@ def run(flags) -> errors.ExitCode:
                                  progress_lib.ProgressLog(model_dir))
   report = chaos.report(tracker.outcomes())
   result = {"status": "failed", **report, "reason": outcome.reason,
+            # Every process that died, the faults' victims among them (recovery.deaths).
+            "deaths": events.summarize(events.EventLog(model_dir).read())["deaths"],
             **_goodput_and_timeline(model_dir, report)}
   if outcome.code == errors.ExitCode.OK:
     chief_result = local_command.final_result(model_dir, runner)
@@ -103,11 +115,15 @@ def run(flags) -> errors.ExitCode:
                   global_step=chief_result.get("global_step"), eval=chief_result.get("eval"),
                   restarts=chief_result.get("restarts"), input=chief_result.get("input"),
                   model_dir=model_dir)
-  sys.stdout.write(json.dumps(result) + "\n")
-  sys.stdout.flush()
+  _print(result)
   if outcome.code != errors.ExitCode.OK and outcome.code.retryable:
     return outcome.code  # Stopped by a signal: say so, not "failed".
   return errors.ExitCode.OK if result["status"] == "ok" else errors.ExitCode.PERMANENT
+
+
+def _print(result: dict) -> None:
+  sys.stdout.write(json.dumps(result) + "\n")
+  sys.stdout.flush()
 
 
 def _inject_until_done(cluster, runner, stop, pending, tracker, progress) -> orchestrator.Outcome:

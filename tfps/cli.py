@@ -18,8 +18,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from tfps.coordinator import api
 from tfps.base import errors
+from tfps.base import settings
 
 FLAGS = flags.FLAGS
 COMMANDS = ("run", "local", "chaos", "k8s", "bench")
@@ -41,6 +41,19 @@ def _section(name: str) -> None:
   _sections[name] = sorted(set(FLAGS) - _defined)
   _defined = set(FLAGS)
 
+
+def _define(setting: settings.Setting) -> None:
+  """The flag of a run setting (`base.settings`: its one default and help)."""
+  if setting.kind == "enum":
+    flags.DEFINE_enum(setting.name, setting.default, list(setting.choices), setting.help)
+  elif setting.kind == "list":
+    flags.DEFINE_list(setting.name, list(setting.default), setting.help)
+  else:
+    define = {"string": flags.DEFINE_string, "integer": flags.DEFINE_integer,
+              "float": flags.DEFINE_float, "bool": flags.DEFINE_bool}[setting.kind]
+    define(setting.name, setting.default, setting.help)
+
+
 # --- who am I and where is everyone (tfps run) --------------------------------
 flags.DEFINE_string("cluster_spec", None,
                     "JSON file: TF_CONFIG-shaped, or just the {job: [host:port]} map.")
@@ -60,101 +73,27 @@ flags.DEFINE_string("graph_cache_dir", None,
                     "worker: where it keeps the function graphs TensorFlow optimized for it, "
                     "for the next coordinator (default: <temp dir>/tfps-graph-cache; for "
                     "tfps local, a scratch directory of the cluster's; '' turns it off).")
-flags.DEFINE_float("grace_seconds", 15.0,
-                   "Seconds between SIGTERM and the hard kill (GKE Spot pods ~15, Spot VMs ~30).")
 flags.DEFINE_bool("preemption_notice", True,
                   "ps/worker: on SIGTERM, warn the chief and wait (within the grace) for its save.")
 flags.DEFINE_bool("supervise", True,
                   "chief: run the coordinator as a child process and restart it after a "
                   "ps or cluster loss (--nosupervise: run it in this process).")
-flags.DEFINE_integer("max_restarts", 3,
-                     "Coordinator (chief) restarts allowed within --restart_window.")
-flags.DEFINE_float("restart_window", 600.0, "Seconds of the restart budget's window.")
-flags.DEFINE_float("cluster_wait_seconds", 600.0,
-                   "chief: seconds to wait for lost tasks before exiting 170 (retryable).")
-flags.DEFINE_float("worker_timeout", 60.0,
-                   "chief: seconds a worker may be unreachable before training goes on "
-                   "without it (it is taken back when it answers again).")
-flags.DEFINE_float("ps_timeout", 60.0,
-                   "chief: seconds a ps may not answer (a network partition hangs TF rather "
-                   "than failing it) before the coordinator counts it lost, exits 170 and "
-                   "is restarted from the latest checkpoint (0: no deadline). The supervisor "
-                   "holds it to the same deadline 8 s later, from outside.")
-flags.DEFINE_bool("warm_standby", True,
-                  "chief: once training runs, keep the next coordinator process started and "
-                  "imported (~0.7 GB), so a restart skips TensorFlow's import.")
-flags.DEFINE_bool("ps_failover", True,
-                  "chief: when a ps is lost and does not answer, restart at once on the ps "
-                  "that do (they then hold every variable: they need the memory) instead "
-                  "of waiting for it; take it back as --ps_readmit says, or at the next "
-                  "restart.")
-flags.DEFINE_bool("failover_graphs", True,
-                  "chief: with --ps_failover and 2 ps, once the written-out closure runs, "
-                  "have each worker optimize the one a failover would run (its graph cache "
-                  "keeps it), so that a failover does not wait ~10 s for that.")
-flags.DEFINE_enum("ps_readmit", "measured", ["measured", "timed"],
-                  "chief: when to restart the coordinator (after a save) to take back a ps "
-                  "left out by --ps_failover that answers again. measured: once training "
-                  "without it has lost as much time as the restart costs (~6 s), by the "
-                  "speed measured with and without it; timed: after --ps_readmit_after.")
-flags.DEFINE_float("ps_readmit_after", 30.0,
-                   "chief: seconds a ps left out by --ps_failover must answer before it is "
-                   "taken back (with --ps_readmit=measured: before it may be).")
-flags.DEFINE_list("exclude_tasks", [],
-                  "chief, internal: workers and ps the supervisor left out (e.g. worker:1).")
-flags.DEFINE_float("ready_timeout", 180.0, "Seconds the chief waits for every task to answer.")
 flags.DEFINE_string("run_spec", None,
                     "chief, internal: the run's settings from this JSON file instead of flags "
                     "(how tfps local and the supervisor hand a run on).")
 flags.DEFINE_string("result_file", None,
                     "chief, internal: write the run's result record to this JSON file.")
 
+for _setting in settings.RUN_SETTINGS:
+  if _setting.section == "supervision":
+    _define(_setting)
+
 _section("cluster")
 
 # --- what to train (chief) -----------------------------------------------------
-flags.DEFINE_string("experiment", "ctr", "Built-in experiment name or package.module:factory.")
-flags.DEFINE_string("model_dir", None,
-                    "Checkpoints, summaries, events. tfps local: default a new temp dir.")
-flags.DEFINE_integer("train_steps", 2000, "Total training steps (global step to reach).")
-flags.DEFINE_integer("train_epochs", None,
-                     "Epochs of a finite training dataset to train (instead of --train_steps): "
-                     "ends when every example has been handed out that many times.")
-flags.DEFINE_integer("input_shards", None,
-                     "Shards the finite training input is split into to keep its position "
-                     "(default: about one closure of batches each, at most 256).")
-flags.DEFINE_integer("steps_per_loop", 200, "Steps per Orbit loop (progress/summary cadence).")
-flags.DEFINE_integer("steps_per_closure", 50, "Steps in one remote closure on a worker.")
-flags.DEFINE_bool("fast_start", True,
-                  "Start each coordinator with fast-start closures (5 steps per loop "
-                  "iteration: ready in seconds, ~4% slower) and write the closures out once "
-                  "the run's training left repays it (with --trace_cache: the write-out "
-                  "outlasts the coordinator), else once the coordinator has lived long "
-                  "enough to repay it, or at once when this run's recent coordinators lived "
-                  "that long.")
-flags.DEFINE_bool("trace_cache", True,
-                  "Store the traced train closures in model_dir/traces, so that a restarted "
-                  "coordinator of the same program and configuration rebuilds them in a "
-                  "fraction of a second instead of tracing them again.")
-flags.DEFINE_integer("checkpoint_interval", 200,
-                     "Save a checkpoint every this many steps: the steps a ps or chief loss "
-                     "can roll back (an asynchronous save stops training for milliseconds).")
-flags.DEFINE_bool("async_checkpoint", True,
-                  "Save checkpoints in the background: training stops only while each ps "
-                  "copies its variables into memory (which then holds them twice).")
-flags.DEFINE_integer("max_to_keep", 3, "Checkpoints to keep.")
-flags.DEFINE_enum("mode", "train_and_eval", ["train", "train_and_eval", "eval"], "What to run.")
-flags.DEFINE_integer("eval_steps", None,
-                     "Eval batches per evaluation (default: the whole eval set).")
-flags.DEFINE_integer("global_batch_size", 512,
-                     "Examples per training step (each step runs on one worker).")
-flags.DEFINE_list("experiment_params", [],
-                  "Experiment settings as key=value, e.g. vocab_sizes=3000:2000,hidden=32:16.")
-flags.DEFINE_integer("eval_interval", None,
-                     "train_and_eval: steps between evaluations (default: once, at the end).")
-flags.DEFINE_integer("eval_shards", None, "Closures per evaluation (default: 4 per worker).")
-flags.DEFINE_integer("min_shard_bytes", api.DEFAULT_MIN_SHARD_BYTES,
-                     "Split variables larger than this across the ps tasks (0: never).")
-flags.DEFINE_integer("seed", 0, "Seed of the synthetic data and initialisation.")
+for _setting in settings.RUN_SETTINGS:
+  if _setting.section == "training":
+    _define(_setting)
 
 _section("training")
 

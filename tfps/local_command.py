@@ -17,6 +17,7 @@ SIGTERM/SIGINT to `tfps local` are passed to the chief (which saves), then
 everything stops and the exit code is 143/130.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -30,6 +31,8 @@ from tfps.cluster import hosts
 from tfps.cluster import local
 from tfps.coordinator import api
 from tfps.base import errors
+from tfps.recovery import deaths
+from tfps.recovery import events
 from tfps.base import signals
 from tfps import orchestrator
 from tfps import run_command
@@ -116,15 +119,29 @@ def add_chief(cluster: local.LocalCluster, spec: run_spec.RunSpec) -> local.Task
                            stdout_path=chief_stdout_path(spec.model_dir), stderr_to_parent=True)
 
 
+def start_cluster(cluster: local.LocalCluster, model_dir: str) -> local.LocalCluster:
+  """Starts the ps and workers; one that dies before it answers is a death in the
+  event log (`recovery.deaths`), and the run ends with its one line."""
+  try:
+    return cluster.start()
+  except local.TaskExitedError as e:
+    death = deaths.Death(str(e.task), e.pid, e.returncode, e.last_lines,
+                         cause="before it answered")
+    logging.error("%s", death.describe())
+    events.EventLog(model_dir).append(death.event())
+    raise
+
+
 def run(flags) -> errors.ExitCode:
   stop = signals.StopSignals.install()
   check_hosts(flags)
   spec = local_spec(flags)
   cluster = local.LocalCluster(cluster_config(flags, spec.model_dir))  # Starts nothing yet.
   check_spec(spec, cluster)
-  with cluster:
+  with contextlib.closing(start_cluster(cluster, spec.model_dir)):
     runner = orchestrator.Orchestrator(cluster, add_chief(cluster, spec), stop,
-                                       max_restarts=spec.max_restarts)
+                                       max_restarts=spec.max_restarts,
+                                       event_log=events.EventLog(spec.model_dir))
     runner.start()
     outcome = None
     while outcome is None:
@@ -141,5 +158,7 @@ def run(flags) -> errors.ExitCode:
 def final_result(model_dir: str, runner: orchestrator.Orchestrator) -> dict:
   """The chief's result record, plus what happened around it, as the JSON line's dict."""
   result = run_result.read(chief_result_path(model_dir))
+  # The deaths the chief counted, and any of the tasks' since (the event log is shared).
+  counted = events.summarize(events.EventLog(model_dir).read())["deaths"]
   return dataclasses.replace(result, restarts=result.restarts + runner.chief_restarts,
-                             task_restarts=runner.task_restarts).as_dict()
+                             task_restarts=runner.task_restarts, deaths=counted).as_dict()

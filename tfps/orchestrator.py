@@ -4,7 +4,10 @@
 a ps or worker that exits is started again at the same address (unless the
 chaos schedule holds it down); a chief that exits with a retryable code
 (>= 128, or killed by a signal) is started again within a restart budget; a
-permanent exit (1, 2) ends the run with that code. Which is which, and when
+permanent exit (1, 2) of any task ends the run with that code, as a JobSet's
+pod failure policy would. Every death (`recovery.deaths`: a ps or worker
+that exits, a chief killed by a signal) is an event in the event log, with
+the process's last lines, before anything is restarted. Which is which, and when
 the budget is spent, is the same pure policy the chief's supervisor asks
 (`recovery.policy`); here the budget counts every chief restart of the run.
 `poll` does one round and never blocks, so callers interleave their own work
@@ -22,6 +25,8 @@ from tfps.cluster import local
 from tfps.cluster import spec as spec_lib
 from tfps.base import errors
 from tfps.base import signals
+from tfps.recovery import deaths
+from tfps.recovery import events
 from tfps.recovery import policy
 
 
@@ -34,7 +39,7 @@ class Outcome:
 class Orchestrator:
   def __init__(self, cluster: local.LocalCluster, chief: local.TaskHandle,
                stop: signals.StopSignals, *, max_restarts: int,
-               chief_stop_grace: float = 60.0):
+               chief_stop_grace: float = 60.0, event_log: events.EventLog | None = None):
     if max_restarts < 0:
       raise errors.UsageError(f"max_restarts ({max_restarts}) must be >= 0")
     self.cluster = cluster
@@ -43,8 +48,10 @@ class Orchestrator:
     self._policy = policy.RestartPolicy(max_restarts=max_restarts, window_seconds=math.inf)
     self._history = policy.RestartHistory()
     self._chief_stop_grace = chief_stop_grace
+    self._events = event_log
     self.held: set[spec_lib.TaskId] = set()  # Down on purpose: not restarted.
     self.task_restarts = 0
+    self._judged: dict[spec_lib.TaskId, int] = {}  # The start whose end was judged last.
 
   def start(self) -> None:
     self.chief.start()
@@ -54,14 +61,24 @@ class Orchestrator:
     if self._stop.requested:
       return self._stop_chief()
     for task, handle in self.cluster.tasks.items():
-      if handle is self.chief or task in self.held or handle.alive:
+      if handle is self.chief or handle.alive:
         continue
+      self._judge(handle, serves=True)
+      if task in self.held:
+        continue
+      if handle.returncode in (errors.ExitCode.PERMANENT, errors.ExitCode.USAGE):
+        reason = f"{task} exited with code {handle.returncode} (permanent)"
+        logging.error("%s; ending the run. Log: %s", reason, handle.log_path)
+        return Outcome(errors.ExitCode(handle.returncode), reason)
       logging.warning("%s exited with code %s; starting it again at %s",
                       task, handle.returncode, handle.address)
       handle.start()
       self.task_restarts += 1
     code = self.chief.returncode
-    if code is None or self.chief.task in self.held:
+    if code is None:
+      return None
+    self._judge(self.chief, serves=False)
+    if self.chief.task in self.held:
       return None
     kind = policy.classify_exit(code)
     if kind is None:
@@ -77,6 +94,19 @@ class Orchestrator:
                     code, self.chief_restarts, self._policy.max_restarts)
     self.chief.start()
     return None
+
+  def _judge(self, handle: local.TaskHandle, *, serves: bool) -> None:
+    """Records `handle`'s end as a death, if it is one (once per start)."""
+    if self._judged.get(handle.task) == handle.starts:
+      return
+    self._judged[handle.task] = handle.starts
+    if not deaths.is_death(handle.returncode, serves=serves):
+      return
+    death = deaths.Death(str(handle.task), handle.pid, handle.returncode, handle.last_lines(),
+                         cause="taken down by a fault" if handle.task in self.held else "")
+    logging.warning("%s", death.describe())
+    if self._events is not None:
+      self._events.append(death.event())
 
   @property
   def chief_restarts(self) -> int:

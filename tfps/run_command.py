@@ -108,6 +108,7 @@ def _stand_by(stop) -> standby.Go | None:
   """A warm standby: imports what a coordinator needs, then waits for its turn."""
   importlib.import_module("tfps.coordinator.run")  # TensorFlow, tf_keras, Orbit: seconds.
   logging.info("warm standby coordinator ready (pid %d)", os.getpid())
+  standby.mark_ready(os.environ[standby.ENV_VAR])
   return standby.wait_for_go(stop, sys.stdin)
 
 
@@ -193,7 +194,8 @@ class _CoordinatorLauncher:
   is started and imported ahead of need (`standby.WarmCoordinators`).
   """
 
-  def __init__(self, config: spec_lib.TaskConfig, spec: run_spec.RunSpec, scratch: str):
+  def __init__(self, config: spec_lib.TaskConfig, spec: run_spec.RunSpec, scratch: str,
+               event_log: events.EventLog):
     self.report_path = os.path.join(scratch, "coordinator.exit.json")
     self.result_path = os.path.join(scratch, "coordinator.result.json")
     self._spec, self._scratch = spec, scratch
@@ -205,7 +207,7 @@ class _CoordinatorLauncher:
         self._command,
         env={**os.environ, exit_report.ENV_VAR: self.report_path,
              "TF_CONFIG": config.to_tf_config()},
-        stdout_dir=scratch, warm=spec.warm_standby)
+        stdout_dir=scratch, warm=spec.warm_standby, event_log=event_log)
 
   def _command(self, excluded: tuple[str, ...]) -> list[str]:
     path = os.path.join(self._scratch, f"run_spec-{next(self._spec_files)}.json")
@@ -244,6 +246,9 @@ class _CoordinatorLauncher:
   def exit_report(self) -> exit_report.ExitReport | None:
     return exit_report.take(self.report_path)
 
+  def last_lines(self) -> tuple[str, ...]:
+    return self._coordinators.last_lines()
+
   def close(self) -> None:
     self._coordinators.close()
 
@@ -279,7 +284,7 @@ def _supervise_chief(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, 
   event_log = events.EventLog(spec.model_dir)
   # Removed when the chief ends, or by the next chief's sweep if it is killed.
   with scratch_lib.ScratchDir("tfps-chief-") as scratch:
-    launcher = _CoordinatorLauncher(config, spec, scratch)
+    launcher = _CoordinatorLauncher(config, spec, scratch, event_log)
     result = supervisor.Supervisor(
         supervisor_config, launcher=launcher, cluster=probes, event_log=event_log, stop=stop,
         # The ps are probed too: a chief that sees no ps is itself cut off,
@@ -293,6 +298,7 @@ def _supervise_chief(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, 
   record = run_result.RunResult(
       coordinator=finished, faults=counts["faults"], restarts=counts["restarts"],
       steps_lost=counts["steps_lost"], steps_reexecuted=counts["steps_reexecuted"],
+      deaths=counts["deaths"],
       # The input over the whole run (every coordinator), replayed from the
       # progress log: what the last coordinator knows plus the accounting.
       input={**finished.input, **coverage.account(

@@ -29,6 +29,8 @@ class RunResult:
     input: the input over the whole run (every coordinator, replayed from
       the progress log) over what the last coordinator knew.
     task_restarts: ps/worker restarts by `tfps local`; None elsewhere.
+    deaths: per process that died (`recovery.deaths`), how many times:
+      `worker:1`, `coordinator`, `standby`, ...
   """
 
   coordinator: api.CoordinatorResult
@@ -38,12 +40,14 @@ class RunResult:
   steps_reexecuted: int = 0
   input: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   task_restarts: int | None = None
+  deaths: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
   def as_dict(self) -> dict[str, Any]:
     """The final JSON line: the coordinator's fields with the run's beside them."""
     out = self.coordinator.as_dict()
     out.update(faults=self.faults, restarts=self.restarts, steps_lost=self.steps_lost,
-               steps_reexecuted=self.steps_reexecuted, input=dict(self.input))
+               steps_reexecuted=self.steps_reexecuted, input=dict(self.input),
+               deaths=dict(self.deaths))
     if self.task_restarts is not None:
       out["task_restarts"] = self.task_restarts
     return out
@@ -51,6 +55,7 @@ class RunResult:
   def to_json(self) -> dict[str, Any]:
     out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
     out["coordinator"], out["input"] = self.coordinator.as_dict(), dict(self.input)
+    out["deaths"] = dict(self.deaths)
     return out
 
   @classmethod

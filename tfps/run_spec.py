@@ -20,16 +20,16 @@ from typing import Any, Mapping
 
 from tfps.base import errors
 from tfps.base import files
+from tfps.base import settings
 from tfps.cluster import spec as spec_lib
 from tfps.coordinator import api
 from tfps.recovery import readmission
 
-# Flag default of --train_steps (when --train_epochs is not given).
-DEFAULT_TRAIN_STEPS = 2000
+_DEFAULTS = settings.DEFAULTS
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RunSpec:
+class RunSpec(settings.LoopSettings):
   """What to train and how to keep it running; one field per flag.
 
   Attributes (the flags' help says more):
@@ -48,39 +48,25 @@ class RunSpec:
       by users.
   """
 
-  experiment: str = "ctr"
+  experiment: str = _DEFAULTS["experiment"]
   experiment_params: Mapping[str, str] = dataclasses.field(default_factory=dict)
-  model_dir: str | None = None
-  mode: str = "train_and_eval"
-  train_steps: int | None = DEFAULT_TRAIN_STEPS
-  train_epochs: int | None = None
-  input_shards: int | None = None
-  steps_per_loop: int = 200
-  steps_per_closure: int = 50
-  fast_start: bool = True
-  trace_cache: bool = True
-  checkpoint_interval: int = 200
-  async_checkpoint: bool = True
-  max_to_keep: int = 3
-  eval_steps: int | None = None
-  eval_interval: int | None = None
-  eval_shards: int | None = None
-  global_batch_size: int = 512
-  seed: int = 0
-  ready_timeout: float = 180.0
-  min_shard_bytes: int = api.DEFAULT_MIN_SHARD_BYTES
-  ps_timeout: float = 60.0
-  max_restarts: int = 3
-  restart_window: float = 600.0
-  cluster_wait_seconds: float = 600.0
-  worker_timeout: float = 60.0
-  grace_seconds: float = 15.0
-  warm_standby: bool = True
-  ps_failover: bool = True
-  failover_graphs: bool = True
-  ps_readmit: str = "measured"
-  ps_readmit_after: float = 30.0
-  exclude_tasks: tuple[str, ...] = ()
+  model_dir: str | None = _DEFAULTS["model_dir"]
+  mode: str = _DEFAULTS["mode"]
+  train_steps: int | None = _DEFAULTS["train_steps"]
+  train_epochs: int | None = _DEFAULTS["train_epochs"]
+  min_shard_bytes: int = _DEFAULTS["min_shard_bytes"]
+  ps_timeout: float = _DEFAULTS["ps_timeout"]
+  max_restarts: int = _DEFAULTS["max_restarts"]
+  restart_window: float = _DEFAULTS["restart_window"]
+  cluster_wait_seconds: float = _DEFAULTS["cluster_wait_seconds"]
+  worker_timeout: float = _DEFAULTS["worker_timeout"]
+  grace_seconds: float = _DEFAULTS["grace_seconds"]
+  warm_standby: bool = _DEFAULTS["warm_standby"]
+  ps_failover: bool = _DEFAULTS["ps_failover"]
+  failover_graphs: bool = _DEFAULTS["failover_graphs"]
+  ps_readmit: str = _DEFAULTS["ps_readmit"]
+  ps_readmit_after: float = _DEFAULTS["ps_readmit_after"]
+  exclude_tasks: tuple[str, ...] = _DEFAULTS["exclude_tasks"]
 
   def __post_init__(self):
     api.experiment_target(self.experiment)  # A UsageError naming it, if it is not one.

@@ -25,3 +25,15 @@ def write_json(path: str, record: Any) -> None:
   except OSError:
     os.remove(f.name)
     raise
+
+
+def last_lines(path: str, count: int, *, max_bytes: int = 65536) -> tuple[str, ...]:
+  """The last `count` lines of the file at `path` (from its last `max_bytes`); () if unreadable."""
+  try:
+    with open(path, "rb") as f:
+      f.seek(0, os.SEEK_END)
+      f.seek(max(0, f.tell() - max_bytes))
+      text = f.read().decode("utf-8", errors="replace")
+  except OSError:
+    return ()
+  return tuple(text.splitlines()[-count:])

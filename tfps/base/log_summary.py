@@ -23,6 +23,7 @@ descriptor 2, so it also catches what TF's C++ code writes directly.
 """
 
 import dataclasses
+import faulthandler
 import os
 import re
 import select
@@ -274,6 +275,10 @@ class StderrFilter:
     read_fd, write_fd = os.pipe()
     os.dup2(write_fd, 2)
     os.close(write_fd)
+    if faulthandler.is_enabled():
+      # A crash's report (absl enables it) must not go through our thread,
+      # which dies with the process: straight to the real stderr.
+      faulthandler.enable(file=self.real_stderr, all_threads=True)
     self._read_fd = read_fd
     self._thread = threading.Thread(target=self._pump, name="tfps-stderr-filter", daemon=True)
     self._thread.start()

@@ -22,6 +22,7 @@ that admits traffic to the job's pods only from the job's own pods.
 import dataclasses
 
 from tfps.base import errors
+from tfps.base import settings
 
 TF_PORT = 2222  # The training operator's default `tfjob-port`.
 CONTROL_PORT = TF_PORT + 1  # recovery.notices: the chief's TF port + 1.
@@ -54,7 +55,7 @@ class JobManifestConfig:
   num_workers: int = 2
   model_dir: str = f"{_MODEL_MOUNT}/run"
   volume_claim: str | None = "tfps-model"
-  grace_seconds: float = 15.0
+  grace_seconds: float = settings.DEFAULTS["grace_seconds"]
   extra_flags: tuple[str, ...] = ()
   cpu: str = "1"
   memory: str = "2Gi"

@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from typing import Sequence
 
 import portpicker
@@ -29,13 +30,18 @@ from absl import logging
 
 from tfps.cluster import hosts as hosts_lib
 from tfps.cluster import netns
+from tfps.cluster import output_tail
 from tfps.cluster import processes
 from tfps.cluster import readiness
 from tfps.cluster import scratch
 from tfps.cluster import spec as spec_lib
 from tfps.base import errors
+from tfps.base import files
+from tfps.base import settings
 
 JobType = spec_lib.JobType
+# How often a wait for readiness looks whether a task has exited.
+_EXIT_CHECK_SECONDS = 0.25
 # On virtual hosts every task listens on the same port, as on separate VMs.
 _NETNS_PORT = 2222
 TaskId = spec_lib.TaskId
@@ -64,7 +70,7 @@ class LocalClusterConfig:
   work_dir: str | None = None
   isolate_network: bool = True
   hosts: str = "loopback"
-  ready_timeout: float = 90.0
+  ready_timeout: float = settings.DEFAULTS["ready_timeout"]
   task_flags: tuple[str, ...] = ()
   graph_cache_dir: str | None = None
 
@@ -81,6 +87,26 @@ class LocalClusterConfig:
       raise errors.UsageError(f"ready_timeout ({self.ready_timeout}) must be positive")
 
 
+class TaskExitedError(errors.TfpsError):
+  """A ps or worker exited before it answered.
+
+  Its exit code is the run's: a task that exits 1 or 2 at start would do so
+  again (bad flags, a bug); any other end (a signal, a lost port) may not.
+  """
+
+  def __init__(self, task: TaskId, pid: int | None, returncode: int,
+               last_lines: Sequence[str], log_path: str):
+    how = (f"killed by {signal.Signals(-returncode).name}" if returncode < 0
+           and -returncode in signal.valid_signals() else f"exited with code {returncode}")
+    last = f": {last_lines[-1].strip()[:200]}" if last_lines else ""
+    super().__init__(f"{task} {how} before it answered{last} (log: {log_path})")
+    self.task, self.pid, self.returncode = task, pid, returncode
+    self.last_lines = tuple(last_lines)
+    self.exit_code = (errors.ExitCode(returncode) if returncode in (errors.ExitCode.PERMANENT,
+                                                                    errors.ExitCode.USAGE)
+                      else errors.ExitCode.CLUSTER_LOST)
+
+
 class TaskHandle:
   """One task's process. Its address never changes across restarts."""
 
@@ -92,6 +118,7 @@ class TaskHandle:
     self._stdout_path = stdout_path
     self._stderr_to_parent = stderr_to_parent
     self._process: subprocess.Popen | None = None
+    self._tail: output_tail.OutputTail | None = None
     self.starts = 0
 
   @property
@@ -124,8 +151,19 @@ class TaskHandle:
       log.flush()
       self._process = self._cluster.spawn(
           self._argv, task=self.task, stdout=out if out is not None else log,
-          stderr=None if self._stderr_to_parent else log)
+          stderr=subprocess.PIPE if self._stderr_to_parent else log)
+    if self._stderr_to_parent:
+      # Shown as it comes, and kept in the log too: its last lines say why it died.
+      log_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND)
+      self._tail = output_tail.OutputTail(self._process.stderr, (2, log_fd),
+                                          name=str(self.task), close_sinks=(log_fd,))
     self.starts += 1
+
+  def last_lines(self, count: int = 200) -> tuple[str, ...]:
+    """The end of the task's output (after it exited: why)."""
+    if self._tail is not None:
+      return self._tail.last_lines()[-count:]
+    return files.last_lines(self.log_path, count)
 
   def kill(self, sig: int = signal.SIGKILL) -> None:
     """Sends `sig` to the task's process group (a real signal)."""
@@ -309,32 +347,44 @@ class LocalCluster:
 
     Raises:
       readiness.ClusterUnreachableError: naming the tasks that did not answer.
-      RuntimeError: a task's process exited while we waited (with its log path).
+      TaskExitedError: a task's process exited before it answered.
     """
     timeout = timeout or self.config.ready_timeout
     tasks = list(tasks) if tasks is not None else [
         t for t in self.tasks if t.job != JobType.CHIEF]
-    for task in tasks:
-      if not self.tasks[task].alive:
-        raise RuntimeError(f"{task} is not running (exit code "
-                           f"{self.tasks[task].returncode}); see {self.tasks[task].log_path}")
-    if not self.isolated:
-      readiness.wait_until_reachable(self.spec, timeout, tasks=tasks)
-      return
+    self._raise_if_exited(tasks)
+    # Probed from a process of its own (inside the cluster's network, if it has
+    # one) while we watch the tasks: one that dies is reported at once, not
+    # after the probe's deadline.
     probe = self.spawn([sys.executable, "-m", "tfps.cluster.probe", self.spec_file, str(timeout),
                         *map(str, tasks)], stderr=subprocess.PIPE, stdout=subprocess.PIPE)
+    deadline = time.monotonic() + timeout + 30
     try:
-      out, err = probe.communicate(timeout=timeout + 30)
-    except subprocess.TimeoutExpired:
+      while True:
+        try:
+          out, err = probe.communicate(timeout=_EXIT_CHECK_SECONDS)
+          break
+        except subprocess.TimeoutExpired:
+          self._raise_if_exited(tasks)
+          if time.monotonic() > deadline:
+            raise TimeoutError(f"readiness probe for {', '.join(map(str, tasks))} "
+                               f"ran over {timeout + 30:.0f}s") from None
+    finally:
       processes.stop_group(probe, grace=0)
-      raise TimeoutError(f"readiness probe for {', '.join(map(str, tasks))} "
-                         f"ran over {timeout + 30:.0f}s") from None
     if probe.returncode != 0:
+      self._raise_if_exited(tasks)
       try:
         unreachable = [TaskId.parse(name) for name in json.loads(out)]
       except ValueError:  # The probe itself failed; say how.
         raise RuntimeError(f"readiness probe failed: {err.decode().strip()}") from None
       raise readiness.ClusterUnreachableError(unreachable, timeout, self.spec)
+
+  def _raise_if_exited(self, tasks: Sequence[TaskId]) -> None:
+    for task in tasks:
+      handle = self.tasks[task]
+      if not handle.alive:
+        raise TaskExitedError(task, handle.pid, handle.returncode, handle.last_lines(),
+                              handle.log_path)
 
   def run_tool(self, argv: Sequence[str], *, task: TaskId | None = None,
                timeout: float = 10.0) -> str:

@@ -7,67 +7,56 @@ through `spawn`, which gives it:
     with SIGKILL, where no `finally` or `atexit` runs;
   * optionally, membership of a private network namespace (see `netns`).
 
+No Python runs between `fork` and `exec` (every tfps process has gRPC's
+threads, and code in a forked child of a threaded process can crash or
+deadlock it): `subprocess` forks and execs in C, and the child's first
+program is `launcher`, which sets the parent-death signal, checks that the
+parent still lives and enters the namespace, then execs the command. That
+costs ~20 ms a start (docs/architecture.md, "Starting processes").
+
 Linux delivers the parent-death signal when the *thread* that forked the child
 exits, not the process. Spawn from the main thread or from a thread that lives
 as long as the children should (the local cluster's own threads do).
 """
 
-import ctypes
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from typing import Callable, Mapping, Sequence
 
 from absl import logging
 
-_PR_SET_PDEATHSIG = 1
-_CLONE_NEWNET = 0x40000000
+from tfps.cluster import launcher
 
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _check(result: int, what: str) -> None:
-  if result != 0:
-    err = ctypes.get_errno()
-    raise OSError(err, f"{what}: {os.strerror(err)}")
+_LAUNCHER = launcher.__file__
 
 
-def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
-  """Asks the kernel to send `sig` to this process when its parent dies."""
-  _check(_libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
-
-
-def enter_network_namespace(fd: int) -> None:
-  """Moves the calling (single-threaded) process into the netns open at `fd`."""
-  _check(_libc.setns(fd, _CLONE_NEWNET), "setns(CLONE_NEWNET)")
-
-
-def _child_setup(parent_pid: int, netns_fd: int | None) -> Callable[[], None]:
-  """The pre-exec hook: runs in the forked child before `exec`."""
-
-  def setup() -> None:
-    set_parent_death_signal(signal.SIGKILL)
-    # The parent may have died between fork and prctl: then nobody would
-    # ever send the signal, so leave now.
-    if os.getppid() != parent_pid:
-      os._exit(1)
-    if netns_fd is not None:
-      enter_network_namespace(netns_fd)
-
-  return setup
+def launch_argv(argv: Sequence[str], *, parent_pid: int, netns_fd: int | None) -> list[str]:
+  """`argv` behind the launcher: tied to `parent_pid`, in the namespace at `netns_fd`."""
+  return [sys.executable, "-I", "-S", _LAUNCHER, str(parent_pid),
+          "-" if netns_fd is None else str(netns_fd), "--", *argv]
 
 
 def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
           stdout=None, stderr=None, stdin=subprocess.DEVNULL,
           netns_fd: int | None = None, cwd: str | None = None) -> subprocess.Popen:
-  """Starts `argv` in a new process group, tied to this process's life."""
+  """Starts `argv` in a new process group, tied to this process's life.
+
+  Raises:
+    FileNotFoundError: `argv[0]` is not a program on the PATH (as `Popen` would).
+  """
+  path = (env or os.environ).get("PATH", os.defpath)
+  if shutil.which(argv[0], path=path) is None:
+    raise FileNotFoundError(f"{argv[0]!r}: no such program")
   pass_fds = (netns_fd,) if netns_fd is not None else ()
   return subprocess.Popen(
-      list(argv), env=dict(env) if env is not None else None, cwd=cwd,
+      launch_argv(argv, parent_pid=os.getpid(), netns_fd=netns_fd),
+      env=dict(env) if env is not None else None, cwd=cwd,
       stdin=stdin, stdout=stdout, stderr=stderr,
-      start_new_session=True, pass_fds=pass_fds,
-      preexec_fn=_child_setup(os.getpid(), netns_fd))
+      start_new_session=True, pass_fds=pass_fds)
 
 
 def stop_group(process: subprocess.Popen, *, grace: float = 5.0) -> int | None:

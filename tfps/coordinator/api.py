@@ -18,13 +18,12 @@ from typing import Any, Callable, Mapping
 from tfps.cluster import spec as spec_lib
 from tfps.base import errors
 from tfps.base import messages
+from tfps.base import settings
 
+_DEFAULTS = settings.DEFAULTS
 # Variables larger than this are split across the ps tasks, in shards of at
 # least this size (why this size: `coordinator.strategy`, which re-exports it).
-DEFAULT_MIN_SHARD_BYTES = 64 << 20
-
-# CoordinatorConfig's train_steps when neither it nor train_epochs is given.
-DEFAULT_TRAIN_STEPS = 1000
+DEFAULT_MIN_SHARD_BYTES = _DEFAULTS["min_shard_bytes"]
 
 # The built-in experiments, by name: the factory each stands for.
 BUILTIN_EXPERIMENTS = types.MappingProxyType({"ctr": "tfps.coordinator.ctr:factory"})
@@ -145,7 +144,7 @@ def _positive_int(name: str, value: Any) -> None:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class CoordinatorConfig:
+class CoordinatorConfig(settings.LoopSettings):
   """Everything the coordinator needs; validated at construction.
 
   Attributes:
@@ -156,7 +155,7 @@ class CoordinatorConfig:
     mode: `train`, `train_and_eval` or `eval`.
     train_steps: train until the global step reaches this; None when
       train_epochs decides. Exactly one of the two is set: given neither,
-      train_steps is DEFAULT_TRAIN_STEPS.
+      train_steps is the run's default (`base.settings`).
     train_epochs: train this many epochs of a finite training dataset
       (positioned input, coordinator.ledger); the step to reach is then
       known once the input is measured. None: train_steps decides.
@@ -202,27 +201,15 @@ class CoordinatorConfig:
 
   cluster: spec_lib.ClusterSpec
   model_dir: str
-  experiment: str = "ctr"
+  experiment: str = _DEFAULTS["experiment"]
   experiment_params: Mapping[str, str] = dataclasses.field(default_factory=dict)
-  mode: Mode = Mode.TRAIN_AND_EVAL
-  train_steps: int | None = None
-  train_epochs: int | None = None
-  input_shards: int | None = None
-  steps_per_loop: int = 100
-  steps_per_closure: int = 50
-  fast_start: bool = True
-  trace_cache: bool = True
-  checkpoint_interval: int = 200
-  async_checkpoint: bool = True
-  max_to_keep: int = 3
-  eval_steps: int | None = None
-  eval_interval: int | None = None
-  eval_shards: int | None = None
-  global_batch_size: int = 512
-  seed: int = 0
-  ready_timeout: float = 60.0
-  min_shard_bytes: int | None = DEFAULT_MIN_SHARD_BYTES
-  ps_timeout: float | None = None
+  mode: Mode = Mode(_DEFAULTS["mode"])
+  train_steps: int | None = None  # Neither it nor train_epochs: the default.
+  train_epochs: int | None = _DEFAULTS["train_epochs"]
+  min_shard_bytes: int | None = _DEFAULTS["min_shard_bytes"]
+  ps_timeout: float | None = _DEFAULTS["ps_timeout"]
+  # The supervisor's ps failover is what these graphs are for: a coordinator
+  # run alone (this API) has none, `tfps run` sets it from its flags.
   failover_graphs: bool = False
   tasks_left_out: tuple[str, ...] = ()
   tasks_expected_back: tuple[str, ...] = ()
@@ -240,7 +227,7 @@ class CoordinatorConfig:
       allowed = ", ".join(m.value for m in Mode)
       raise errors.UsageError(f"mode ({self.mode!r}) must be one of {allowed}") from None
     if self.train_steps is None and self.train_epochs is None:
-      object.__setattr__(self, "train_steps", DEFAULT_TRAIN_STEPS)
+      object.__setattr__(self, "train_steps", _DEFAULTS["train_steps"])
     if self.train_steps is not None and self.train_epochs is not None:
       raise errors.UsageError(
           f"train_epochs ({self.train_epochs}) and train_steps ({self.train_steps}): "

@@ -27,6 +27,7 @@ previous coordinator reached (from the progress log) and records the steps
 lost in the event log.
 """
 
+import os
 import time
 
 from absl import logging
@@ -76,7 +77,7 @@ class LoopGuard:
     self._epochs_logged = epochs_completed
     previous = [r for r in self._progress.read_new() if not r.restored]
     self._progress.append(start_step, restored=True, shard_lengths=shard_lengths,
-                          left_out=self._left_out)
+                          left_out=self._left_out, pid=os.getpid())
     lost = max(0, previous[-1].step - start_step) if previous else 0
     if lost:
       logging.warning("restarted at step %d; the previous coordinator had reached %d: "

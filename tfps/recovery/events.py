@@ -16,6 +16,7 @@ from typing import Iterable
 from tfps.recovery import policy
 
 FILE_NAME = "events.jsonl"
+KINDS = ("failure", "action", "recovered", "epoch", "died")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -23,8 +24,9 @@ class Event:
   """One line of the event log.
 
   Attributes:
-    kind: `failure`, `action`, `recovered`, or `epoch` (an epoch of the
-      positioned input was handed out whole and trained).
+    kind: `failure`, `action`, `recovered`, `epoch` (an epoch of the
+      positioned input was handed out whole and trained), or `died` (a
+      process died: `recovery.deaths`).
     task: the task concerned, e.g. `worker:1`, `ps:0`, `chief:0`.
     failure: the failure kind (recovery.policy.FailureKind value), if any.
     action: the action taken (recovery.policy.Action value), if any.
@@ -37,6 +39,8 @@ class Event:
       ps taken back (`back`) by the supervisor: that change
       (recovery.task_watch.Change).
     tasks_left_out: with `task_change`, every worker and ps left out after it.
+    pid, signal, exit_code, last_lines: for `died`, the process, the signal
+      that killed it or its exit code, and the end of its output.
     detail: one human-readable line.
     time: seconds since the epoch.
   """
@@ -51,14 +55,19 @@ class Event:
   seconds_to_recover: float | None = None
   task_change: str | None = None
   tasks_left_out: tuple[str, ...] | None = None
+  pid: int | None = None
+  signal: str | None = None
+  exit_code: int | None = None
+  last_lines: tuple[str, ...] | None = None
   detail: str = ""
   time: float = dataclasses.field(default_factory=time.time)
 
   def __post_init__(self):
-    if self.kind not in ("failure", "action", "recovered", "epoch"):
-      raise ValueError(f"kind ({self.kind!r}) must be failure, action, recovered or epoch")
-    if self.tasks_left_out is not None:  # JSON gives a list back.
-      object.__setattr__(self, "tasks_left_out", tuple(self.tasks_left_out))
+    if self.kind not in KINDS:
+      raise ValueError(f"kind ({self.kind!r}) must be one of {', '.join(KINDS)}")
+    for name in ("tasks_left_out", "last_lines"):  # JSON gives a list back.
+      if getattr(self, name) is not None:
+        object.__setattr__(self, name, tuple(getattr(self, name)))
 
 
 class EventLog:
@@ -82,9 +91,15 @@ class EventLog:
 
 
 def summarize(events: Iterable[Event]) -> dict:
-  """Counts for the final JSON line: `restarts`, `faults`, `steps_lost`, `steps_reexecuted`."""
+  """Counts for the final JSON line: `restarts`, `faults`, `steps_lost`,
+  `steps_reexecuted`, and `deaths` (per process that died, how often)."""
   events = list(events)
+  deaths: dict[str, int] = {}
+  for event in events:
+    if event.kind == "died":
+      deaths[event.task] = deaths.get(event.task, 0) + 1
   return {
+      "deaths": dict(sorted(deaths.items())),
       "faults": sum(1 for e in events if e.kind == "failure"),
       "restarts": sum(1 for e in events if e.kind == "action" and e.action is not None
                       and policy.Action(e.action).restarts_coordinator),

@@ -50,6 +50,7 @@ import enum
 import math
 
 from tfps.base import errors
+from tfps.base import settings
 
 
 class FailureKind(str, enum.Enum):
@@ -171,9 +172,9 @@ class RestartPolicy:
       waiting for them (see the module docstring).
   """
 
-  max_restarts: int = 5
-  window_seconds: float = 600.0
-  ps_failover: bool = False
+  max_restarts: int = settings.DEFAULTS["max_restarts"]
+  window_seconds: float = settings.DEFAULTS["restart_window"]
+  ps_failover: bool = settings.DEFAULTS["ps_failover"]
 
   def __post_init__(self):
     if self.max_restarts < 0:

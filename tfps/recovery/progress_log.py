@@ -43,6 +43,8 @@ class Progress:
   # On a `restored` record: the workers and ps this coordinator runs without
   # (the supervisor left them out): a fault on one of them does not touch it.
   left_out: tuple[str, ...] = ()
+  # On a `restored` record: the coordinator's process, for whoever watches it.
+  pid: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +95,7 @@ class ProgressLog:
 
   def append(self, step: int, *, restored: bool = False, now: float | None = None,
              chunks=None, reexecuted: int = 0, shard_lengths=None,
-             looped: bool = False, left_out=()) -> None:
+             looped: bool = False, left_out=(), pid: int | None = None) -> None:
     record = {"step": int(step), "time": time.time() if now is None else now}
     if restored:
       record["restored"] = True
@@ -107,6 +109,8 @@ class ProgressLog:
       record["looped"] = True
     if left_out:
       record["left_out"] = sorted(map(str, left_out))
+    if pid is not None:
+      record["pid"] = int(pid)
     with open(self.path, "a", encoding="utf-8") as f:
       f.write(json.dumps(record) + "\n")
 

@@ -15,8 +15,15 @@ process that would fail the same way), one at a time. It waits on its stdin:
 one JSON line `{"exclude_tasks": [...]}` says go; end of file (the
 supervisor is gone) or a stop signal ends it without doing anything.
 
-Pure plumbing, no TensorFlow: the coordinator side (`wait_for_go`) is called
-by `tfps run` after it has imported what a coordinator needs.
+Every coordinator's stderr passes through the supervisor (`OutputTail`), which
+keeps its last lines: a coordinator or standby that dies is recorded with them
+(`recovery.deaths`). A standby tells it is ready by creating the file its
+`ENV_VAR` names. One that dies before it is ready is reported; after two such
+deaths in a row no standby is started again (each would be forked and die the
+same way), and restarts start a cold coordinator instead.
+
+Pure plumbing, no TensorFlow: the coordinator side (`wait_for_go`, `mark_ready`)
+is called by `tfps run` after it has imported what a coordinator needs.
 """
 
 import dataclasses
@@ -28,13 +35,19 @@ from typing import Callable, Sequence, TextIO
 
 from absl import logging
 
-from tfps.cluster import processes
 from tfps.base import signals
+from tfps.cluster import output_tail
+from tfps.cluster import processes
+from tfps.recovery import deaths
+from tfps.recovery import events as events_lib
 
-# Set in a standby's environment: wait for the go line before coordinating.
-ENV_VAR = "TFPS_STANDBY"
+# Set in a standby's environment: the file to create once it is ready; it
+# waits for the go line before coordinating.
+ENV_VAR = "TFPS_STANDBY_READY_FILE"
 # How often a waiting standby looks at its stop signals.
 _WAKE_SECONDS = 0.5
+# Standbys that die before they are ready, in a row, before no more are started.
+MAX_EARLY_DEATHS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +55,12 @@ class Go:
   """What a standby is told when it takes over."""
 
   exclude_tasks: tuple[str, ...] = ()
+
+
+def mark_ready(path: str) -> None:
+  """Called by a standby once it has imported what it needs: it is ready."""
+  with open(path, "w", encoding="utf-8"):
+    pass
 
 
 def wait_for_go(stop: signals.StopSignals, stdin: TextIO) -> Go | None:
@@ -56,6 +75,19 @@ def wait_for_go(stop: signals.StopSignals, stdin: TextIO) -> Go | None:
   return None
 
 
+@dataclasses.dataclass(frozen=True)
+class _Child:
+  """A coordinator process of ours: its stdout file and the tail of its stderr."""
+
+  process: subprocess.Popen
+  stdout_path: str
+  tail: output_tail.OutputTail
+
+  @property
+  def ready_path(self) -> str:
+    return self.stdout_path + ".ready"
+
+
 class WarmCoordinators:
   """Starts coordinator processes for the supervisor, the next one kept warm.
 
@@ -67,62 +99,108 @@ class WarmCoordinators:
   Their temporary files go there too (`TMPDIR`): each coordinator keeps them
   in its own scratch directory, which the next one removes if it was killed
   (`cluster.scratch`), and the chief removes `stdout_dir` when it ends.
+  Their stderr goes on to this process's stderr (`OutputTail`). A standby
+  that dies is recorded in `event_log`.
   """
 
   def __init__(self, command: Callable[[tuple[str, ...]], Sequence[str]], *, env: dict,
-               stdout_dir: str, warm: bool,
+               stdout_dir: str, warm: bool, event_log: events_lib.EventLog | None = None,
                spawn: Callable[..., subprocess.Popen] = processes.spawn):
     self._command = command
     self._env = env
     self._stdout_dir = stdout_dir
     self._warm = warm
+    self._events = event_log
     self._spawn = spawn
     self._count = 0
-    self._standby: tuple[subprocess.Popen, str] | None = None
+    self._standby: _Child | None = None
+    self._current: _Child | None = None
+    self._early_deaths = 0  # Standbys in a row that died before they were ready.
     self.stdout_path: str | None = None
 
   @property
   def standby(self) -> tuple[subprocess.Popen, str] | None:
     """The prepared standby (its process and stdout file), if there is one."""
-    return self._standby
+    return (self._standby.process, self._standby.stdout_path) if self._standby else None
 
-  def _new(self, argv: Sequence[str], env: dict, stdin) -> tuple[subprocess.Popen, str]:
+  @property
+  def warm(self) -> bool:
+    """Whether standbys are kept (off if asked, or after `MAX_EARLY_DEATHS`)."""
+    return self._warm
+
+  def last_lines(self) -> tuple[str, ...]:
+    """The end of the current coordinator's stderr."""
+    return self._current.tail.last_lines() if self._current else ()
+
+  def _new(self, argv: Sequence[str], env: dict, stdin, name: str) -> _Child:
     self._count += 1
     path = os.path.join(self._stdout_dir, f"coordinator-{self._count}.stdout")
+    if name == "standby":
+      env = {**env, ENV_VAR: path + ".ready"}
     with open(path, "w", encoding="utf-8") as out:
-      return self._spawn(argv, stdout=out, env={**env, "TMPDIR": self._stdout_dir},
-                         stdin=stdin), path
+      process = self._spawn(argv, stdout=out, stderr=subprocess.PIPE,
+                            env={**env, "TMPDIR": self._stdout_dir}, stdin=stdin)
+    return _Child(process, path, output_tail.OutputTail(process.stderr, (2,), name=name))
 
   def start(self, excluded: Sequence[str]) -> tuple[subprocess.Popen, bool]:
     """The coordinator that runs next, and whether it was the warm standby."""
     excluded = tuple(sorted(excluded))
     if self._standby is not None:
-      process, path = self._standby
-      self._standby = None
-      if process.poll() is None:
+      child, self._standby = self._standby, None
+      if child.process.poll() is None:
         try:
-          process.stdin.write((json.dumps({"exclude_tasks": list(excluded)}) + "\n").encode())
-          process.stdin.close()
-          self.stdout_path = path
-          return process, True
+          child.process.stdin.write((json.dumps({"exclude_tasks": list(excluded)}) + "\n").encode())
+          child.process.stdin.close()
+          self._current, self.stdout_path = child, child.stdout_path
+          return child.process, True
         except (BrokenPipeError, OSError):
           pass  # It died in between: start a cold one instead.
-      processes.stop_group(process, grace=0)
-    process, self.stdout_path = self._new(self._command(excluded), self._env, subprocess.DEVNULL)
-    return process, False
+      processes.stop_group(child.process, grace=0)
+      self._standby_died(child)
+    self._current = self._new(self._command(excluded), self._env, subprocess.DEVNULL,
+                              "coordinator")
+    self.stdout_path = self._current.stdout_path
+    return self._current.process, False
 
   def prepare(self) -> None:
     """Starts the standby, if warm standbys are on and there is none."""
-    if not self._warm or (self._standby is not None and self._standby[0].poll() is None):
+    if self._standby is not None:
+      if self._standby.process.poll() is None:
+        if os.path.exists(self._standby.ready_path):
+          self._early_deaths = 0
+        return
+      child, self._standby = self._standby, None
+      self._standby_died(child)
+    if not self._warm:
       return
-    self._standby = self._new(self._command(()), {**self._env, ENV_VAR: "1"}, subprocess.PIPE)
-    logging.info("warm standby coordinator started (pid %d)", self._standby[0].pid)
+    self._standby = self._new(self._command(()), self._env, subprocess.PIPE, "standby")
+    logging.info("warm standby coordinator started (pid %d)", self._standby.process.pid)
+
+  def _standby_died(self, child: _Child) -> None:
+    """Records a standby's death; stops making standbys after repeated early ones."""
+    ready = os.path.exists(child.ready_path)
+    death = deaths.Death("standby", child.process.pid, child.process.wait(),
+                         child.tail.last_lines(), cause="" if ready else "before it was ready")
+    logging.warning("%s", death.describe())
+    self._record(death.event())
+    self._early_deaths = 0 if ready else self._early_deaths + 1
+    if self._warm and self._early_deaths >= MAX_EARLY_DEATHS:
+      self._warm = False
+      reason = (f"{self._early_deaths} warm standby coordinators in a row died before they "
+                "were ready (see their last lines in the event log): no more are started; "
+                "each restart starts a cold coordinator")
+      logging.error("%s", reason)
+      self._record(events_lib.Event(kind="action", task="standby", detail=reason))
+
+  def _record(self, event: events_lib.Event) -> None:
+    if self._events is not None:
+      self._events.append(event)
 
   def close(self) -> None:
     """Ends the standby, if any (closing its stdin tells it so; then the signal)."""
     if self._standby is None:
       return
-    process, _ = self._standby
+    process = self._standby.process
     self._standby = None
     try:
       process.stdin.close()

@@ -56,6 +56,8 @@ from absl import logging
 
 from tfps.cluster import spec as spec_lib
 from tfps.base import errors
+from tfps.base import settings
+from tfps.recovery import deaths as deaths_lib
 from tfps.recovery import events as events_lib
 from tfps.recovery import exit_report as exit_report_lib
 from tfps.recovery import overdue as overdue_lib
@@ -88,6 +90,9 @@ class CoordinatorLauncher(Protocol):
 
   def exit_report(self) -> exit_report_lib.ExitReport | None:
     """What the coordinator that just exited said about why, if anything."""
+
+  def last_lines(self) -> tuple[str, ...]:
+    """The end of the output of the coordinator that just exited."""
 
   def trained(self) -> bool:
     """Whether the coordinator that just exited completed a train loop.
@@ -129,8 +134,8 @@ class SupervisorConfig:
   """
 
   policy: policy_lib.RestartPolicy = policy_lib.RestartPolicy()
-  cluster_wait_seconds: float = 600.0
-  stop_grace_seconds: float = 60.0
+  cluster_wait_seconds: float = settings.DEFAULTS["cluster_wait_seconds"]
+  stop_grace_seconds: float = settings.DEFAULTS["grace_seconds"]
   probe_seconds: float = 2.0
   ps_deadline_seconds: float | None = None
 
@@ -149,11 +154,13 @@ class _Ended:
 
   `change`: the cluster change we stopped it for; `lost`: why we killed it
   for missing its ps deadline (a ps loss). Both None: it exited by itself.
+  `killed`: why we killed it, if we did.
   """
 
   code: int
   change: tuple | None = None
   lost: str | None = None
+  killed: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,6 +225,11 @@ class Supervisor:
             f"tasks left out: {', '.join(left_out) or 'none'}"))
         continue
       report = self._launcher.exit_report()
+      if deaths_lib.is_death(code, serves=False):
+        death = deaths_lib.Death("coordinator", process.pid, code, self._launcher.last_lines(),
+                                 cause=ended.killed or "")
+        logging.error("%s", death.describe())
+        self._events.append(death.event())
       if self._launcher.trained():
         self._history = self._history.progressed(self._clock())
       if ended.lost is not None:
@@ -304,7 +316,9 @@ class Supervisor:
         logging.error("coordinator did not exit %.0fs after SIGTERM; killing it",
                       self._config.stop_grace_seconds)
         process.kill()
-        return _Ended(process.wait(timeout=10), change)
+        return _Ended(process.wait(timeout=10), change, killed=(
+            f"killed by the supervisor: still running {self._config.stop_grace_seconds:.0f}s "
+            "after SIGTERM"))
 
   def _end_overdue(self, process: subprocess.Popen, silent: list, ps_silence, now: float,
                    reachable: set) -> _Ended:
@@ -322,9 +336,10 @@ class Supervisor:
       pass
     if process.poll() is None:
       process.kill()
-    return _Ended(process.wait(timeout=10), lost=(
-        f"lost the cluster: {names}, and the coordinator had not exited by itself (missed its "
-        "own ps deadline): killed it, its thread stacks are in the chief's log"))
+    return _Ended(
+        process.wait(timeout=10), killed="killed by the supervisor: missed its ps deadline",
+        lost=(f"lost the cluster: {names}, and the coordinator had not exited by itself (missed "
+              "its own ps deadline): killed it, its thread stacks are in the chief's log"))
 
   def _watched_change(self, reachable: set, now: float):
     """The first cluster change the task watch asks for, applied to `excluded`."""
