@@ -7,7 +7,7 @@ run's JSON line is kept in `<work_dir>/run-<seed>/chaos.json` and its stderr
 in `chaos.log`; at the end a table goes to stderr and one JSON line to stdout:
 runs, runs_finished, faults_injected, recoveries, steps_lost,
 recovery_seconds, longest_stall_seconds and stall_beyond_loop_seconds
-{p50, max} (see `recovery.chaos.RecoveryTracker`), goodput {goodput, lowest_run,
+{p50, max} (see `chaos.tracker_lib.RecoveryTracker`), goodput {goodput, lowest_run,
 seconds_per_fault: the rate the runs met} and the same per kind of fault
 (`ps kill`, `chief term`, ...). A run that outlives `--run_deadline` is ended (its whole
 process group) and counted as not finished. Exit 0 only if every run
@@ -33,7 +33,7 @@ from absl import logging
 
 import tfps
 from tfps.cluster import processes
-from tfps.recovery import chaos
+from tfps.chaos import tracker as tracker_lib
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("runs", 6, "Chaos runs.")
@@ -130,7 +130,7 @@ def _table(summary: dict) -> str:
 def main(argv):
   extra = argv[1:]
   results = [_one_run(FLAGS.seed + i, extra) for i in range(FLAGS.runs)]
-  summary = chaos.soak_summary(results)
+  summary = tracker_lib.soak_summary(results)
   sys.stderr.write(_table(summary) + "\n")
   sys.stdout.write(json.dumps(summary) + "\n")
   return 0 if summary["runs_finished"] == summary["runs"] else 1

@@ -28,9 +28,9 @@ from absl import flags
 from absl import logging
 import tensorflow as tf
 
-from tfps.coordinator import ctr
-from tfps.coordinator import ledger as ledger_lib
-from tfps.coordinator import positioned
+from tfps.examples.ctr import experiment as ctr
+from tfps.input import ledger as ledger_lib
+from tfps.input import positioned
 
 flags.DEFINE_string("data_dir", "", "Where to write the files (default: a temp dir, removed).")
 flags.DEFINE_integer("steps_per_closure", 50, "Batches per shard (the runtime's default).")

@@ -4,7 +4,7 @@
 
 For each model_dir (a `tfps chaos` or soak run), and summed over all of
 them: the wall time and what the kept steps would have taken at the run's
-full speed (`recovery.goodput`), and the difference split into
+full speed (`chaos.goodput`), and the difference split into
 
 * between coordinators: from the last loop before a coordinator start to
   that start's `restored` record (the fault, waiting, the new process,
@@ -18,7 +18,7 @@ full speed (`recovery.goodput`), and the difference split into
 
 import sys
 
-from tfps.recovery import goodput as goodput_lib
+from tfps.chaos import goodput as goodput_lib
 from tfps.recovery import progress_log
 
 PARTS = ("between coordinators", "first loops", "fast-start loops", "rolled back", "the rest")

@@ -16,7 +16,7 @@ A round's first stored write-out may find nothing stored yet and trace
 With `--layouts=2,1` the traces are stored on 2 ps (the first run, then one
 written out) and every round runs on 1 ps, as coordinators after a ps
 failover do: "stored" is then the 2-ps trace moved to 1 ps
-(`coordinator.trace_relocation`), "traced" traces on 1 ps.
+(`fast_restart.trace_relocation`), "traced" traces on 1 ps.
 
   python scripts/stored_traces.py --work_dir=/tmp/moved-traces --rounds=2 --layouts=2,1
 """

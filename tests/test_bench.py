@@ -6,8 +6,8 @@ import os
 from absl.testing import flagsaver
 import pytest
 
-from tfps import bench_command
-from tfps import cli
+from tfps.commands import bench as bench_command
+from tfps.commands import cli
 from tfps.bench import config as config_lib
 from tfps.bench import report
 

@@ -3,7 +3,8 @@
 import pytest
 
 from tfps.cluster import spec as spec_lib
-from tfps.recovery import chaos
+from tfps.chaos import faults as faults_lib
+from tfps.chaos import tracker as tracker_lib
 from tfps.base import errors
 
 CLUSTER = spec_lib.ClusterSpec.from_dict({
@@ -12,13 +13,13 @@ Job = spec_lib.JobType
 
 
 def test_parse_explicit_faults_sorted_by_time():
-  faults = chaos.parse_faults(
+  faults = faults_lib.parse_faults(
       "ps:0@40:term+3, worker:1@20:kill+5,worker:0@30:stop+10,worker:1@50:kill+never,chief:0@60:kill",
       CLUSTER)
   assert [str(f) for f in faults] == [
       "worker:1@20:kill+5", "worker:0@30:stop+10", "ps:0@40:term+3",
       "worker:1@50:kill+never", "chief:0@60:kill+5"]
-  assert faults[3].back_after is chaos.NEVER
+  assert faults[3].back_after is faults_lib.NEVER
 
 
 @pytest.mark.parametrize("text, message", [
@@ -35,13 +36,13 @@ def test_parse_explicit_faults_sorted_by_time():
 ])
 def test_bad_fault_specs_are_usage_errors(text, message):
   with pytest.raises(errors.UsageError) as raised:
-    chaos.parse_faults(text, CLUSTER)
+    faults_lib.parse_faults(text, CLUSTER)
   assert message in str(raised.value) and raised.value.exit_code == 2
 
 
 @pytest.mark.parametrize("seed", range(20))
 def test_random_schedule_hits_worker_ps_and_chief(seed):
-  faults = chaos.random_schedule(seed=seed, count=4, duration=120, cluster=CLUSTER)
+  faults = faults_lib.random_schedule(seed=seed, count=4, duration=120, cluster=CLUSTER)
   assert {f.target.job for f in faults} >= {Job.WORKER, Job.PS, Job.CHIEF}
   assert list(faults) == sorted(faults) and all(0 <= f.at_seconds < 120 for f in faults)
   times = [f.at_seconds for f in faults]
@@ -49,26 +50,26 @@ def test_random_schedule_hits_worker_ps_and_chief(seed):
 
 
 def test_random_schedule_is_reproducible_from_the_seed():
-  draw = lambda seed: chaos.random_schedule(seed=seed, count=6, duration=100, cluster=CLUSTER)
+  draw = lambda seed: faults_lib.random_schedule(seed=seed, count=6, duration=100, cluster=CLUSTER)
   assert draw(7) == draw(7)
   assert any(draw(7) != draw(s) for s in range(8, 12))
 
 
 def test_never_returning_worker():
-  faults = chaos.random_schedule(seed=1, count=3, duration=60, cluster=CLUSTER,
+  faults = faults_lib.random_schedule(seed=1, count=3, duration=60, cluster=CLUSTER,
                                  never_returns=True)
-  permanent = [f for f in faults if f.back_after is chaos.NEVER]
+  permanent = [f for f in faults if f.back_after is faults_lib.NEVER]
   assert len(permanent) == 1 and permanent[0].target.job == Job.WORKER
-  assert permanent[0].action == chaos.FaultAction.KILL
+  assert permanent[0].action == faults_lib.FaultAction.KILL
 
 
 def test_report():
-  w1 = chaos.parse_faults("worker:1@20:kill+5", CLUSTER)[0]
-  p0 = chaos.parse_faults("ps:0@40:term+3", CLUSTER)[0]
-  c0 = chaos.parse_faults("chief:0@60:kill+2", CLUSTER)[0]
-  out = chaos.report([chaos.FaultOutcome(w1, 20.1, True, 4.0),
-                      chaos.FaultOutcome(p0, 40.0, True, 12.0),
-                      chaos.FaultOutcome(c0, 60.3, False, None)])
+  w1 = faults_lib.parse_faults("worker:1@20:kill+5", CLUSTER)[0]
+  p0 = faults_lib.parse_faults("ps:0@40:term+3", CLUSTER)[0]
+  c0 = faults_lib.parse_faults("chief:0@60:kill+2", CLUSTER)[0]
+  out = tracker_lib.report([tracker_lib.FaultOutcome(w1, 20.1, True, 4.0),
+                      tracker_lib.FaultOutcome(p0, 40.0, True, 12.0),
+                      tracker_lib.FaultOutcome(c0, 60.3, False, None)])
   assert out["faults_injected"] == 3 and out["recoveries"] == 2
   assert out["recovery_seconds"] == {"p50": 8.0, "max": 12.0}
   assert out["faults"][1] == {"target": "ps:0", "signal": "SIGTERM", "action": "term",
@@ -111,9 +112,9 @@ def _record(step, time, restored=False):
         "chief_short_cut", "ps_long_cut"])
 def test_tracker_recovery_seconds_and_steps_lost(fault, before, injected_at, batches,
                                                  seconds, lost):
-  tracker = chaos.RecoveryTracker()
+  tracker = tracker_lib.RecoveryTracker()
   tracker.observe([_record(*r) for r in before])
-  tracker.injected(chaos.parse_faults(fault, CLUSTER)[0], wall_time=injected_at,
+  tracker.injected(faults_lib.parse_faults(fault, CLUSTER)[0], wall_time=injected_at,
                    since_start=20.0)
   for batch in batches:
     assert not tracker.all_recovered
@@ -121,31 +122,31 @@ def test_tracker_recovery_seconds_and_steps_lost(fault, before, injected_at, bat
   (outcome,) = tracker.outcomes()
   assert outcome.recovered and tracker.all_recovered
   assert (outcome.seconds_to_recover, outcome.steps_lost) == (seconds, lost)
-  assert chaos.report([outcome])["steps_lost"] == lost
+  assert tracker_lib.report([outcome])["steps_lost"] == lost
 
 
 def test_the_longest_stall_counts_a_later_loop_that_waits_for_a_cut_worker():
   # A loop whose closures were done ends just after the cut (first progress:
   # 0.1 s); the next one waits until the link heals (measured: 7.3 s).
-  tracker = chaos.RecoveryTracker()
+  tracker = tracker_lib.RecoveryTracker()
   tracker.observe([_record(200, 10.0), _record(400, 10.8)])
-  tracker.injected(chaos.parse_faults("worker:1@20:cut+5", CLUSTER)[0], wall_time=11.0,
+  tracker.injected(faults_lib.parse_faults("worker:1@20:cut+5", CLUSTER)[0], wall_time=11.0,
                    since_start=20.0)
   tracker.observe([_record(600, 11.1), _record(800, 18.4), _record(1000, 19.2)])
   (outcome,) = tracker.outcomes()
   assert (outcome.seconds_to_recover, outcome.longest_stall) == (0.1, 7.3)
-  assert chaos.report([outcome])["longest_stall_seconds"] == {"p50": 7.3, "max": 7.3}
+  assert tracker_lib.report([outcome])["longest_stall_seconds"] == {"p50": 7.3, "max": 7.3}
 
 
 def test_the_stall_beyond_a_loop_is_the_longest_stall_less_the_loops_before_the_fault():
   # Measured (soak of 2026-11-26): with one worker away, each loop runs on
   # the other alone, 1.45 s against ~0.7 s before; no loop waits longer.
-  tracker = chaos.RecoveryTracker()
+  tracker = tracker_lib.RecoveryTracker()
   # Loops of 0.7 s, then a slow one among the last ten: the median leaves it out.
   tracker.observe([_record(0, 0.0, restored=True)]
                   + [_record(200 * i, 10.0 + 0.7 * i) for i in range(1, 13)]
                   + [_record(2600, 20.0)])
-  tracker.injected(chaos.parse_faults("worker:1@20:term+5", CLUSTER)[0], wall_time=20.1,
+  tracker.injected(faults_lib.parse_faults("worker:1@20:term+5", CLUSTER)[0], wall_time=20.1,
                    since_start=20.0)
   tracker.observe([_record(2800, 21.0), _record(3000, 22.45), _record(3200, 23.2)])
   (outcome,) = tracker.outcomes()
@@ -154,7 +155,7 @@ def test_the_stall_beyond_a_loop_is_the_longest_stall_less_the_loops_before_the_
   # A restore starts the count of loops again: the first loop of a new
   # coordinator, after its start, is no measure of an ordinary loop.
   tracker.observe([_record(3000, 40.0, restored=True), _record(3200, 45.0)])
-  tracker.injected(chaos.parse_faults("ps:0@50:kill+3", CLUSTER)[0], wall_time=46.0,
+  tracker.injected(faults_lib.parse_faults("ps:0@50:kill+3", CLUSTER)[0], wall_time=46.0,
                    since_start=50.0)
   tracker.observe([_record(3000, 55.0, restored=True), _record(3200, 60.0)])
   assert tracker.outcomes()[1].loop_before is None
@@ -166,13 +167,13 @@ def test_a_restart_taking_back_a_task_an_earlier_fault_left_out_is_not_a_later_f
   # SIGTERM; 50 s later the coordinator restarts to take the ps back (9 s to
   # its first loop), which the worker's window counted as its own stall.
   from tfps.recovery import progress_log
-  tracker = chaos.RecoveryTracker()
+  tracker = tracker_lib.RecoveryTracker()
   tracker.observe([_record(1000, 10.0)])
-  tracker.injected(chaos.parse_faults("ps:0@20:term+5", CLUSTER)[0], wall_time=10.5,
+  tracker.injected(faults_lib.parse_faults("ps:0@20:term+5", CLUSTER)[0], wall_time=10.5,
                    since_start=20.0)
   tracker.observe([progress_log.Progress(1000, 20.0, restored=True, left_out=("ps:0",)),
                    _record(1200, 21.0), _record(1400, 21.5)])
-  tracker.injected(chaos.parse_faults("worker:1@40:term+5", CLUSTER)[0], wall_time=22.0,
+  tracker.injected(faults_lib.parse_faults("worker:1@40:term+5", CLUSTER)[0], wall_time=22.0,
                    since_start=40.0)
   tracker.observe([_record(1600, 23.0), _record(1800, 24.0),
                    _record(1800, 70.0, restored=True), _record(2000, 79.0)])
@@ -180,19 +181,19 @@ def test_a_restart_taking_back_a_task_an_earlier_fault_left_out_is_not_a_later_f
   assert worker.longest_stall == 1.0 and worker.recovered
   assert ps.longest_stall == 10.5  # From the fault to the failover's first loop.
   # A restart that takes back the fault's own task stays in its window.
-  tracker = chaos.RecoveryTracker()
+  tracker = tracker_lib.RecoveryTracker()
   tracker.observe([_record(1000, 10.0)])
-  tracker.injected(chaos.parse_faults("ps:0@20:term+5", CLUSTER)[0], wall_time=10.5,
+  tracker.injected(faults_lib.parse_faults("ps:0@20:term+5", CLUSTER)[0], wall_time=10.5,
                    since_start=20.0)
   tracker.observe([progress_log.Progress(1000, 20.0, restored=True, left_out=("ps:0",)),
                    _record(1200, 21.0), _record(1200, 70.0, restored=True), _record(1400, 79.0)])
   assert tracker.outcomes()[0].longest_stall == 58.0  # 21.0 -> 79.0.
   # Nor the window of the fault the restart recovers, which may take back another
   # task too (run 3: the restart after a ps:0 kill took back ps:1, out since a failover).
-  tracker = chaos.RecoveryTracker()
+  tracker = tracker_lib.RecoveryTracker()
   tracker.observe([progress_log.Progress(1000, 20.0, restored=True, left_out=("ps:1",)),
                    _record(1200, 21.0)])
-  tracker.injected(chaos.parse_faults("ps:0@40:kill+5", CLUSTER)[0], wall_time=22.0,
+  tracker.injected(faults_lib.parse_faults("ps:0@40:kill+5", CLUSTER)[0], wall_time=22.0,
                    since_start=40.0)
   tracker.observe([_record(1400, 22.5), _record(1200, 30.0, restored=True),
                    _record(1400, 35.0)])
@@ -201,35 +202,35 @@ def test_a_restart_taking_back_a_task_an_earlier_fault_left_out_is_not_a_later_f
 
 
 def test_the_longest_stall_ends_at_the_next_fault_and_spans_a_restart():
-  tracker = chaos.RecoveryTracker()
+  tracker = tracker_lib.RecoveryTracker()
   tracker.observe([_record(500, 10.0)])
-  tracker.injected(chaos.parse_faults("worker:1@20:kill+never", CLUSTER)[0], wall_time=10.5,
+  tracker.injected(faults_lib.parse_faults("worker:1@20:kill+never", CLUSTER)[0], wall_time=10.5,
                    since_start=20.0)
   # Its closures run elsewhere at once; at --worker_timeout the coordinator
   # saves and restarts without it (a restore record, then 12 s to a loop).
   tracker.observe([_record(700, 11.0), _record(900, 12.0), _record(900, 40.0, restored=True),
                    _record(1100, 52.0)])
   assert tracker.outcomes()[0].longest_stall is not None
-  tracker.injected(chaos.parse_faults("ps:0@70:kill+3", CLUSTER)[0], wall_time=60.0,
+  tracker.injected(faults_lib.parse_faults("ps:0@70:kill+3", CLUSTER)[0], wall_time=60.0,
                    since_start=70.0)
   tracker.observe([_record(1100, 75.0, restored=True), _record(1300, 90.0)])
   never, ps = tracker.outcomes()
   assert (never.seconds_to_recover, never.longest_stall) == (0.5, 40.0)  # 12.0 -> 52.0.
   assert (ps.seconds_to_recover, ps.longest_stall) == (30.0, 30.0)
   # No loop ended yet and no later fault: nothing to say.
-  tracker.injected(chaos.parse_faults("chief:0@95:kill+3", CLUSTER)[0], wall_time=91.0,
+  tracker.injected(faults_lib.parse_faults("chief:0@95:kill+3", CLUSTER)[0], wall_time=91.0,
                    since_start=95.0)
   assert tracker.outcomes()[2].longest_stall is None
   assert tracker.outcomes()[1].longest_stall == 30.0  # Closed at 91.0: 1.0 s since 90.0.
 
 
 def test_tracker_does_not_count_an_earlier_faults_lost_steps_again():
-  tracker = chaos.RecoveryTracker()
+  tracker = tracker_lib.RecoveryTracker()
   tracker.observe([_record(2700, 10.0)])
-  tracker.injected(chaos.parse_faults("ps:0@20:kill+3", CLUSTER)[0], wall_time=10.5,
+  tracker.injected(faults_lib.parse_faults("ps:0@20:kill+3", CLUSTER)[0], wall_time=10.5,
                    since_start=20.0)
   tracker.observe([_record(2500, 20.0, restored=True)])  # Lost 200; no loop ended yet...
-  tracker.injected(chaos.parse_faults("chief:0@30:term+3", CLUSTER)[0], wall_time=21.0,
+  tracker.injected(faults_lib.parse_faults("chief:0@30:term+3", CLUSTER)[0], wall_time=21.0,
                    since_start=30.0)  # ...when the chief is preempted (it saves at 2550).
   tracker.observe([_record(2550, 30.0, restored=True), _record(2700, 32.0)])
   ps, chief = tracker.outcomes()
@@ -242,42 +243,42 @@ def test_a_kill_of_a_ps_the_coordinator_runs_without_needs_no_restore(tmp_path):
   log = progress_log.ProgressLog(str(tmp_path))  # The restore record says what was left out.
   log.append(1000, restored=True, now=10.0, left_out=("ps:1",))
   log.append(1200, now=11.0)
-  tracker = chaos.RecoveryTracker()
+  tracker = tracker_lib.RecoveryTracker()
   tracker.observe(log.read_new())
-  tracker.injected(chaos.parse_faults("ps:1@20:kill+3", CLUSTER)[0], wall_time=11.5,
+  tracker.injected(faults_lib.parse_faults("ps:1@20:kill+3", CLUSTER)[0], wall_time=11.5,
                    since_start=20.0)
   tracker.observe([_record(1400, 12.0)])  # Training went on: recovered, nothing lost.
   (left_out,) = tracker.outcomes()
   assert (left_out.seconds_to_recover, left_out.steps_lost) == (0.5, 0)
   # ps:0 holds the coordinator's variables: its loss needs a new coordinator.
-  tracker.injected(chaos.parse_faults("ps:0@30:kill+3", CLUSTER)[0], wall_time=12.5,
+  tracker.injected(faults_lib.parse_faults("ps:0@30:kill+3", CLUSTER)[0], wall_time=12.5,
                    since_start=30.0)
   tracker.observe([_record(1600, 13.0)])
   assert not tracker.outcomes()[1].recovered
   tracker.observe([_record(1400, 20.0, restored=True), _record(1600, 21.0)])
   assert tracker.outcomes()[1].seconds_to_recover == 8.5
   # That coordinator (a restore record without left_out) runs on ps:1 again.
-  tracker.injected(chaos.parse_faults("ps:1@40:kill+3", CLUSTER)[0], wall_time=22.0,
+  tracker.injected(faults_lib.parse_faults("ps:1@40:kill+3", CLUSTER)[0], wall_time=22.0,
                    since_start=40.0)
   tracker.observe([_record(1800, 23.0)])
   assert not tracker.outcomes()[2].recovered
 
 
 def test_tracker_fault_never_followed_by_progress_is_not_recovered():
-  tracker = chaos.RecoveryTracker()
-  fault = chaos.parse_faults("chief:0@5:kill+2", CLUSTER)[0]
+  tracker = tracker_lib.RecoveryTracker()
+  fault = faults_lib.parse_faults("chief:0@5:kill+2", CLUSTER)[0]
   tracker.injected(fault, wall_time=5.0, since_start=5.0)
   tracker.observe([_record(0, 9.0, restored=True)])
   assert not tracker.all_recovered and not tracker.outcomes()[0].recovered
 
 
 def test_link_cuts_are_drawn_only_with_network_faults():
-  draw = lambda seed, net: chaos.random_schedule(seed=seed, count=8, duration=100,
+  draw = lambda seed, net: faults_lib.random_schedule(seed=seed, count=8, duration=100,
                                                  cluster=CLUSTER, network_faults=net)
-  assert not any(f.action == chaos.FaultAction.CUT for s in range(20) for f in draw(s, False))
-  assert any(f.action == chaos.FaultAction.CUT for s in range(20) for f in draw(s, True))
-  cut = chaos.parse_faults("ps:0@70:cut+8", CLUSTER)[0]
-  assert chaos.FaultOutcome(cut, 70.0, True, 9.0).as_dict()["signal"] == "LINK_DOWN"
+  assert not any(f.action == faults_lib.FaultAction.CUT for s in range(20) for f in draw(s, False))
+  assert any(f.action == faults_lib.FaultAction.CUT for s in range(20) for f in draw(s, True))
+  cut = faults_lib.parse_faults("ps:0@70:cut+8", CLUSTER)[0]
+  assert tracker_lib.FaultOutcome(cut, 70.0, True, 9.0).as_dict()["signal"] == "LINK_DOWN"
 
 
 def _reported(target, action, seconds, lost=0, back_after=5.0, stall=None):
@@ -300,7 +301,7 @@ def test_soak_summary_pools_runs_and_splits_by_kind_of_fault():
                    "fault_free_steps_per_sec": 8.0}},
       None,  # A run that printed no result.
   ]
-  summary = chaos.soak_summary(runs)
+  summary = tracker_lib.soak_summary(runs)
   assert (summary["runs"], summary["runs_finished"]) == (3, 1)
   assert (summary["faults_injected"], summary["recoveries"], summary["steps_lost"]) == (4, 3, 150)
   assert summary["recovery_seconds"] == {"p50": 4.0, "max": 20.0}
@@ -314,13 +315,13 @@ def test_soak_summary_pools_runs_and_splits_by_kind_of_fault():
   # (100 s + 12.5 s of fault-free time) over (125 s + 25 s) of wall time,
   # which saw 4 faults.
   assert summary["goodput"] == {"goodput": 0.75, "lowest_run": 0.5, "seconds_per_fault": 37.5}
-  assert chaos.soak_summary([None])["recovery_seconds"] == {"p50": None, "max": None}
-  assert chaos.soak_summary([None])["goodput"] == {
+  assert tracker_lib.soak_summary([None])["recovery_seconds"] == {"p50": None, "max": None}
+  assert tracker_lib.soak_summary([None])["goodput"] == {
       "goodput": None, "lowest_run": None, "seconds_per_fault": None}
 
 
 def test_faults_by_step_parse_and_wait_for_their_step():
-  faults = chaos.parse_faults("worker:1@step500:kill+2,chief:0@step100:term+3", CLUSTER)
+  faults = faults_lib.parse_faults("worker:1@step500:kill+2,chief:0@step100:term+3", CLUSTER)
   assert [(str(f.target), f.at_step) for f in faults] == [("chief:0", 100), ("worker:1", 500)]
   assert str(faults[1]) == "worker:1@step500:kill+2"
   assert not faults[0].due(seconds=1e6, step=99) and faults[0].due(seconds=0.0, step=100)
@@ -328,12 +329,12 @@ def test_faults_by_step_parse_and_wait_for_their_step():
 
 def test_seconds_and_steps_do_not_mix():
   with pytest.raises(errors.UsageError, match="mixes seconds and steps"):
-    chaos.parse_faults("worker:1@step500:kill,ps:0@20:kill", CLUSTER)
+    faults_lib.parse_faults("worker:1@step500:kill,ps:0@20:kill", CLUSTER)
 
 
 @pytest.mark.parametrize("seed", range(1, 11))
 def test_a_random_schedule_by_step_lands_inside_the_run_for_every_seed(seed):
-  faults = chaos.random_schedule(seed=seed, count=3, duration=60, cluster=CLUSTER,
+  faults = faults_lib.random_schedule(seed=seed, count=3, duration=60, cluster=CLUSTER,
                                  train_steps=2000)
   steps = [f.at_step for f in faults]
   assert steps == sorted(steps) and all(100 <= s <= 1500 for s in steps), steps
@@ -343,7 +344,7 @@ def test_a_random_schedule_by_step_lands_inside_the_run_for_every_seed(seed):
 
 
 def test_a_train_only_run_skips_the_eval_check_instead_of_failing_it(tmp_path):
-  from tfps import chaos_command  # pylint: disable=import-outside-toplevel
+  from tfps.commands import chaos as chaos_command  # pylint: disable=import-outside-toplevel
   result = {"global_step": 100, "eval": {}, "input": {"positioned": False}}
   checks = chaos_command._checks(result, 100, str(tmp_path))
   assert "eval_sane" not in checks and "input_covered" not in checks

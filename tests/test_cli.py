@@ -102,8 +102,8 @@ def test_netns_hosts_without_root_is_refused_in_one_line(tfps, tmp_path, command
 def test_chief_flags_are_checked_without_tensorflow():
   # `tfps local` validates its chief's flags before starting anything; that
   # stays fast only while the config types do not pull in TensorFlow.
-  code = ("import sys; import tfps.coordinator.api, tfps.cli, tfps.local_command, tfps.run_command, "
-          "tfps.run_spec, tfps.run_result, tfps.experiment_check, tfps.k8s_command; "
+  code = ("import sys; import tfps.coordinator.api, tfps.commands.cli, tfps.commands.local, tfps.commands.run, "
+          "tfps.commands.run_spec, tfps.commands.run_result, tfps.commands.experiment_check, tfps.commands.k8s; "
           "print(sorted(m for m in sys.modules if m.split('.')[0] in "
           "('tensorflow', 'tf_keras', 'orbit')))")
   result = subprocess.run(TFPS[:1] + ["-c", code], capture_output=True, text=True, timeout=60)

@@ -1,8 +1,8 @@
-"""When a new coordinator writes its closures out (tfps.coordinator.closure_plan): no TF."""
+"""When a new coordinator writes its closures out (tfps.recovery.closure_plan): no TF."""
 
 import pytest
 
-from tfps.coordinator import closure_plan
+from tfps.recovery import closure_plan
 from tfps.recovery import events as events_lib
 from tfps.recovery import progress_log
 

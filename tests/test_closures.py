@@ -8,9 +8,9 @@ import threading
 
 import tensorflow as tf
 
-from tfps.coordinator import closure_plan
+from tfps.recovery import closure_plan
 from tfps.coordinator import closures as closures_lib
-from tfps.coordinator import worker_functions
+from tfps.fast_restart import worker_functions
 
 FULL = 4
 

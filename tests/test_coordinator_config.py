@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from tfps.cluster import spec as spec_lib
 from tfps.coordinator import run as coordinator_run
-from tfps.coordinator import datasets
+from tfps.input import datasets
 from tfps.coordinator import progress
 from tfps.coordinator import trainer as trainer_lib
 from tfps.base import errors

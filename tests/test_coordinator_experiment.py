@@ -1,5 +1,6 @@
 """The experiment API and checkpoint checks, on the default strategy (no cluster)."""
 
+import subprocess
 import sys
 import textwrap
 
@@ -8,6 +9,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from tfps.coordinator import api
 from tfps.coordinator import checkpoints
 from tfps.coordinator import experiment as experiment_lib
 from tfps.base import errors
@@ -32,9 +34,10 @@ def _experiment(**overrides):
   return experiment_lib.Experiment(**kwargs)
 
 
-def test_builtin_ctr_loads():
-  from tfps.coordinator import ctr
-  assert experiment_lib.load_factory("ctr") is ctr.factory
+def test_builtin_ctr_is_a_module_like_a_users():
+  import tfps.examples.ctr
+  assert experiment_lib.load_factory("ctr") is tfps.examples.ctr.factory
+  assert experiment_lib.load_factory("tfps.examples.ctr:factory") is tfps.examples.ctr.factory
 
 
 @pytest.mark.parametrize("name,message", [
@@ -195,3 +198,25 @@ def test_check_writable_creates_the_directory(tmp_path):
   checkpoints.check_writable(str(tmp_path / "a" / "b"))
   assert (tmp_path / "a" / "b").is_dir()
   assert not list((tmp_path / "a" / "b").iterdir())  # The probe file is gone.
+
+
+def test_an_experiments_own_check_of_its_settings_runs_without_tensorflow(tmp_path, monkeypatch):
+  # The built-in ctr is found and checked the way a user's module is.
+  with pytest.raises(errors.UsageError, match=r"ctr: unknown setting\(s\) colour"):
+    api.check_params("ctr", {"colour": "blue"})
+  api.check_params("ctr", {"vocab_sizes": "10:20"})
+  (tmp_path / "checked_experiment.py").write_text(
+      "from tfps import UsageError\n"
+      "def check_params(params):\n"
+      "  if 'size' not in params: raise UsageError('mine: size (missing) is required')\n"
+      "def factory(context): raise AssertionError('not called by a check')\n")
+  (tmp_path / "unchecked_experiment.py").write_text("def factory(context): pass\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  with pytest.raises(errors.UsageError, match=r"mine: size \(missing\) is required"):
+    api.check_params("checked_experiment:factory", {})
+  api.check_params("checked_experiment:factory", {"size": "3"})
+  api.check_params("unchecked_experiment:factory", {"anything": "1"})  # Its factory checks.
+  code = ("import sys, tfps.coordinator.api as api; api.check_params('ctr', {}); "
+          "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'orbit')))")
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+  assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr

@@ -24,8 +24,8 @@ from tfps.cluster import processes
 from tfps.cluster import spec as spec_lib
 from tfps.coordinator import checkpoints
 from tfps.coordinator import run as coordinator_run
-from tfps.coordinator import ctr
-from tfps.coordinator import datasets
+from tfps.examples.ctr import experiment as ctr
+from tfps.input import datasets
 from tfps.coordinator import evaluator as evaluator_lib
 from tfps.coordinator import experiment as experiment_lib
 from tfps.coordinator import loop_ends
@@ -604,8 +604,8 @@ class _HeldSnapshot(tf.__internal__.tracking.Trackable):
 
 def test_an_async_save_returns_before_the_write_and_writes_the_state_it_was_given(
     runtime, tmp_path):
-  from tfps.coordinator import ledger as ledger_lib
-  from tfps.coordinator import positioned
+  from tfps.input import ledger as ledger_lib
+  from tfps.input import positioned
   with runtime.strategy.scope():
     table = tf.Variable(tf.zeros([4096, 8]))  # 128 KiB: split over both ps.
     step = tf.Variable(0, dtype=tf.int64)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfps.coordinator import ctr
+from tfps.examples.ctr import experiment as ctr
 from tfps.base import errors
 
 

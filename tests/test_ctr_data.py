@@ -14,10 +14,10 @@ import tensorflow as tf
 
 from tensorflow.python.util import deprecation
 
-from tfps.coordinator import ctr
-from tfps.coordinator import ctr_data
-from tfps.coordinator import example_records
-from tfps.coordinator import positioned
+from tfps.examples.ctr import experiment as ctr
+from tfps.examples.ctr import data as ctr_data
+from tfps.examples.ctr import records as example_records
+from tfps.input import positioned
 from tfps.base import errors
 
 SEED = 3
@@ -182,7 +182,9 @@ def test_a_killed_generator_leaves_nothing_that_breaks_the_next(tmp_path):
   # A real generator, killed (SIGKILL) while it writes its second file.
   script = textwrap.dedent(f"""
       import os, signal
-      from tfps.coordinator import ctr, ctr_data, example_records
+      from tfps.examples.ctr import experiment as ctr
+      from tfps.examples.ctr import data as ctr_data
+      from tfps.examples.ctr import records as example_records
       encode, calls = example_records.encode, []
       def dying_encode(*args):
         calls.append(1)

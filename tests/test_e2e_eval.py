@@ -54,7 +54,7 @@ CLIENT = textwrap.dedent(f'''
     import tf_keras
 
     from tfps.cluster import spec as spec_lib
-    from tfps.coordinator import ctr
+    from tfps.examples.ctr import experiment as ctr
     from tfps.coordinator import evaluator as evaluator_lib
     from tfps.coordinator import strategy as strategy_lib
     from tfps.coordinator import trainer as trainer_lib
@@ -175,7 +175,7 @@ def test_exact_eval_is_unchanged_by_a_worker_killed_mid_evaluation(cluster, tmp_
   script = tmp_path / "client.py"
   script.write_text(CLIENT)
   stderr_path = tmp_path / "client.stderr"
-  # As `tfps` sets for its own processes (tfps/cli.py); its temporary files
+  # As `tfps` sets for its own processes (tfps/commands/cli.py); its temporary files
   # (AutoGraph's) in tmp_path, since it leaves with os._exit.
   (tmp_path / "tmp").mkdir()
   env = dict(os.environ, GRPC_FAIL_FAST="use_caller", TF_CPP_MIN_LOG_LEVEL="1",

@@ -45,7 +45,7 @@ RUN_TIMEOUT = 240
 # Measured through this command line (200 steps of batch 512, seed 0, 1 ps,
 # 2 workers): AUC 0.7793, 0.7800, 0.7791, 0.7799 in four runs (asynchronous
 # training varies a little); 0.601 after a single step. The dense features
-# alone allow 0.74 and the hidden true model 0.845 (tfps/coordinator/ctr.py), so
+# alone allow 0.74 and the hidden true model 0.845 (tfps/examples/ctr/experiment.py), so
 # above 0.76 the model has learnt from the categorical embeddings as well.
 MIN_AUC = 0.76
 # Predicting the 35% click rate everywhere gives a log loss of 0.65.

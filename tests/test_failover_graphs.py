@@ -1,5 +1,5 @@
 """Which failover graphs are built ahead, for whom, and the record of who holds them
-(tfps.coordinator.failover_graphs). On a cluster: test_trace_relocation.py (the
+(tfps.fast_restart.failover_graphs). On a cluster: test_trace_relocation.py (the
 closure built ahead has the failover coordinator's name, and trains nothing).
 """
 
@@ -7,8 +7,8 @@ import json
 import os
 
 from tfps.cluster import spec as spec_lib
-from tfps.coordinator import failover_graphs
-from tfps.coordinator import worker_functions
+from tfps.fast_restart import failover_graphs
+from tfps.fast_restart import worker_functions
 
 
 def _cluster(num_ps: int) -> spec_lib.ClusterSpec:

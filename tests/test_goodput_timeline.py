@@ -4,9 +4,9 @@ import dataclasses
 
 import pytest
 
-from tfps.recovery import goodput
+from tfps.chaos import goodput
 from tfps.recovery import progress_log as progress_lib
-from tfps.recovery import timeline
+from tfps.chaos import timeline
 
 P = progress_lib.Progress
 

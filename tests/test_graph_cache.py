@@ -1,5 +1,5 @@
 """A worker's graph cache (tfps.ps_worker.graph_cache) and the names that make it safe
-(tfps.coordinator.worker_functions); the coordinator's side with TensorFlow is in
+(tfps.fast_restart.worker_functions); the coordinator's side with TensorFlow is in
 test_trace_cache.py."""
 
 import inspect
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tfps.cluster import spec as spec_lib
-from tfps.coordinator import worker_functions
+from tfps.fast_restart import worker_functions
 from tfps.ps_worker import graph_cache
 
 WORKER_0 = spec_lib.TaskId.parse("worker:0")
@@ -117,8 +117,8 @@ def test_a_placed_graph_depends_on_the_workers_order_and_the_other_jobs_sizes():
 
 @pytest.mark.parametrize("value,expected", [("", None), ("/somewhere", "/somewhere")])
 def test_the_flag_chooses_the_root_or_turns_it_off(value, expected):
-  from tfps import cli  # pylint: disable=import-outside-toplevel
-  from tfps import run_command  # pylint: disable=import-outside-toplevel
+  from tfps.commands import cli  # pylint: disable=import-outside-toplevel
+  from tfps.commands import run as run_command  # pylint: disable=import-outside-toplevel
   assert "graph_cache_dir" in cli.COMMAND_FLAGS["run"]
   assert "graph_cache_dir" in cli.COMMAND_FLAGS["local"]
   assert run_command.graph_cache_root(value) == expected

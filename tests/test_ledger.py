@@ -2,7 +2,7 @@
 
 import pytest
 
-from tfps.coordinator import ledger as ledger_lib
+from tfps.input import ledger as ledger_lib
 from tfps.recovery import coverage
 from tfps.base import errors
 from tfps.recovery import progress_log as progress_lib

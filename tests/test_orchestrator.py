@@ -6,7 +6,7 @@ decision is checked without processes or TensorFlow.
 
 import pytest
 
-from tfps import orchestrator
+from tfps.recovery import orchestrator
 from tfps.recovery import events
 from tfps.base import errors
 from tfps.base import signals

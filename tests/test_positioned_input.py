@@ -17,11 +17,10 @@ import tensorflow as tf
 
 from tfps.cluster import inprocess
 from tfps.coordinator import run as coordinator_run
-from tfps.coordinator import experiment as experiment_lib
-from tfps.coordinator import positioned as positioned_lib
+from tfps.input import positioned as positioned_lib
 from tfps.coordinator import strategy as strategy_lib
 from tfps.coordinator import trainer as trainer_lib
-from tfps.coordinator import worker_functions
+from tfps.fast_restart import worker_functions
 from tfps.recovery import coverage
 from tfps.recovery import events as events_lib
 from tfps.base import errors

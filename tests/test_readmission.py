@@ -146,8 +146,8 @@ def test_the_chiefs_launcher_judges_from_the_whole_run_and_still_sees_its_coordi
   the readmission and whether the running coordinator trained: one read
   must not hide a record from the other."""
   import json
-  from tfps import run_command
-  from tfps import run_spec
+  from tfps.commands import chief
+  from tfps.commands import run_spec
   from tfps.cluster import spec as spec_lib
   config = spec_lib.from_tf_config(json.dumps({
       "cluster": {"chief": ["localhost:1"], "ps": ["localhost:2", "localhost:3"],
@@ -155,7 +155,7 @@ def test_the_chiefs_launcher_judges_from_the_whole_run_and_still_sees_its_coordi
   model_dir = str(tmp_path)
 
   def launcher(**spec):
-    made = run_command._CoordinatorLauncher(
+    made = chief._CoordinatorLauncher(
         config, run_spec.RunSpec(model_dir=model_dir, warm_standby=False, **spec), model_dir,
         events.EventLog(model_dir))
     made._coordinators.start = lambda excluded: (None, False)  # No process.

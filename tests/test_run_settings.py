@@ -11,10 +11,10 @@ import dataclasses
 import pytest
 from absl.testing import flagsaver
 
-from tfps import cli
-from tfps import local_command
-from tfps import run_command
-from tfps import run_spec
+from tfps.commands import cli
+from tfps.commands import local as local_command
+from tfps.commands import chief
+from tfps.commands import run_spec
 from tfps.base import settings
 from tfps.cluster import k8s
 from tfps.cluster import local
@@ -43,7 +43,7 @@ def _coordinator_defaults(config: api.CoordinatorConfig):
 
 
 def _supervision_defaults(spec: run_spec.RunSpec):
-  supervisor_config, watch = run_command.supervision(spec)
+  supervisor_config, watch = chief.supervision(spec)
   assert supervisor_config.policy == policy.RestartPolicy(
       max_restarts=D["max_restarts"], window_seconds=D["restart_window"],
       ps_failover=D["ps_failover"])

@@ -14,10 +14,10 @@ import pytest
 import yaml
 from absl.testing import flagsaver
 
-from tfps import cli
-from tfps import local_command
-from tfps import run_result
-from tfps import run_spec
+from tfps.commands import cli
+from tfps.commands import local as local_command
+from tfps.commands import run_result
+from tfps.commands import run_spec
 from tfps.base import errors
 from tfps.cluster import local
 from tfps.cluster import spec as spec_lib
@@ -140,7 +140,6 @@ def test_bad_settings_are_one_line_naming_flag_and_value(overrides, message):
 @pytest.mark.parametrize("args, message", [
     (["--train_epochs=2", "--train_steps=100"],
      "train_epochs (2) and train_steps (100): give one of the two"),
-    (["--experiment_params=colour=blue"], "ctr: unknown setting(s) colour"),
     (["--experiment_params=oops"], "--experiment_params: 'oops' must look like key=value"),
 ])
 def test_bad_flags(parse, args, message):

@@ -1,4 +1,4 @@
-"""Stored traces of the train closures (tfps.coordinator.trace_cache), in one process.
+"""Stored traces of the train closures (tfps.fast_restart.trace_cache), in one process.
 
 A "coordinator" here is a new set of variables and a new `TrainClosures`
 over them, as a restarted coordinator has; closures run at once on the local
@@ -17,8 +17,8 @@ import pytest
 import tensorflow as tf
 
 from tfps.coordinator import closures as closures_lib
-from tfps.coordinator import trace_cache
-from tfps.coordinator import worker_functions
+from tfps.fast_restart import trace_cache
+from tfps.fast_restart import worker_functions
 
 FULL = 4
 

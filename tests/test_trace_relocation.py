@@ -1,4 +1,4 @@
-"""A stored trace moved to another ps layout (tfps.coordinator.trace_relocation).
+"""A stored trace moved to another ps layout (tfps.fast_restart.trace_relocation).
 
 The pure part (which task's variables went where, which ops move) on
 hand-made function libraries; then, in a process of its own with an
@@ -19,7 +19,7 @@ import tensorflow as tf
 from tensorflow.core.framework import function_pb2
 
 from tfps.cluster import processes
-from tfps.coordinator import trace_relocation
+from tfps.fast_restart import trace_relocation
 
 PS0 = "/job:ps/replica:0/task:0/device:CPU:0"
 PS1 = "/job:ps/replica:0/task:1/device:CPU:0"
@@ -74,7 +74,7 @@ def _on_a_cluster_of_two_ps(work_dir: str) -> dict:
   from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
   from tfps.cluster import inprocess  # pylint: disable=import-outside-toplevel
   from tfps.coordinator import closures as closures_lib  # pylint: disable=import-outside-toplevel
-  from tfps.coordinator import trace_cache  # pylint: disable=import-outside-toplevel
+  from tfps.fast_restart import trace_cache  # pylint: disable=import-outside-toplevel
 
   cluster = inprocess.start(2, 1).cluster
   tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster.as_dict()),
@@ -148,8 +148,8 @@ def _on_a_cluster_of_two_ps(work_dir: str) -> dict:
     """A coordinator on 2 ps has the worker build the failover closure ahead; then one
     on ps:0 alone, as after a failover, rebuilds it: the same name (a new process:
     rebuilds counted from 0 again)."""
-    from tfps.coordinator import failover_graphs  # pylint: disable=import-outside-toplevel
-    from tfps.coordinator import worker_functions  # pylint: disable=import-outside-toplevel
+    from tfps.fast_restart import failover_graphs  # pylint: disable=import-outside-toplevel
+    from tfps.fast_restart import worker_functions  # pylint: disable=import-outside-toplevel
     view = failover_graphs.failover_view(cluster)
     trainer = Trainer(PS0, PS1)
     root = tf.train.Checkpoint(trainer=trainer)

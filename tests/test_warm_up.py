@@ -1,4 +1,4 @@
-"""Warm-ups (tfps.coordinator.warm_up) run nothing and never wait for a worker.
+"""Warm-ups (tfps.fast_restart.warm_up) run nothing and never wait for a worker.
 
 On a cluster: test_positioned_input.py (written-out closures warm the
 workers, and each batch is read once) and test_recovery_cluster.py (a restarted worker is
@@ -7,7 +7,7 @@ warmed before its closures).
 
 import tensorflow as tf
 
-from tfps.coordinator import warm_up
+from tfps.fast_restart import warm_up
 
 
 def _counting_closure():

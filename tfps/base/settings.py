@@ -1,6 +1,6 @@
 """Every setting of a training run: its one default and its help, in one table.
 
-The flags (`tfps.cli`), the run spec (`tfps.run_spec.RunSpec`), the
+The flags (`tfps.commands.cli`), the run spec (`tfps.commands.run_spec.RunSpec`), the
 coordinator's configuration (`CoordinatorConfig`), the supervisor's and the
 local cluster's take their defaults from here, so a run gets the same
 settings however it is started: `tfps local`, `tfps run` from a rendered

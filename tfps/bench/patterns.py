@@ -40,7 +40,7 @@ import tensorflow as tf
 import tf_keras
 
 from tfps.cluster import spec as spec_lib
-from tfps.coordinator import ctr
+from tfps.examples.ctr import experiment as ctr
 from tfps.coordinator import evaluator as evaluator_lib
 from tfps.coordinator import experiment as experiment_lib
 from tfps.coordinator import strategy as strategy_lib

@@ -26,7 +26,9 @@ _DEFAULTS = settings.DEFAULTS
 DEFAULT_MIN_SHARD_BYTES = _DEFAULTS["min_shard_bytes"]
 
 # The built-in experiments, by name: the factory each stands for.
-BUILTIN_EXPERIMENTS = types.MappingProxyType({"ctr": "tfps.coordinator.ctr:factory"})
+# Each is an ordinary experiment module under `tfps.examples`, found the way a
+# user's `package.module:factory` is: the name is only a short form of it.
+BUILTIN_EXPERIMENTS = types.MappingProxyType({"ctr": "tfps.examples.ctr:factory"})
 
 
 def experiment_target(name: str) -> tuple[str, str]:
@@ -50,24 +52,13 @@ def experiment_target(name: str) -> tuple[str, str]:
   return module, attribute
 
 
-# Built-in experiments whose settings can be checked without TensorFlow:
-# name -> function of the `key=value` settings that raises UsageError.
-def _ctr_settings(params: Mapping[str, str]) -> None:
-  from tfps.coordinator import ctr_config  # pylint: disable=import-outside-toplevel
-  ctr_config.CtrConfig.from_params(params)
-
-
-BUILTIN_SETTINGS_CHECKS = types.MappingProxyType({"ctr": _ctr_settings})
-
-
-def check_experiment_findable(name: str, params: Mapping[str, str] = types.MappingProxyType({})
-                              ) -> None:
+def check_experiment_findable(name: str) -> None:
   """UsageError if the experiment's module is not on the Python path.
 
   Found without importing it (importlib's finder): the command line checks
-  this before it starts any task or imports TensorFlow. A built-in
-  experiment's `params` are checked too (`BUILTIN_SETTINGS_CHECKS`). Whether
-  the module imports and has the factory: `load_factory`.
+  this before it starts any task or imports TensorFlow. Whether the module
+  imports and has the factory: `load_factory`; whether its settings are
+  good: `check_params`.
   """
   module, _ = experiment_target(name)
   try:
@@ -78,13 +69,41 @@ def check_experiment_findable(name: str, params: Mapping[str, str] = types.Mappi
     reason = "not found on the Python path; is PYTHONPATH set?"
   if found is None:
     raise errors.UsageError(f"experiment {name!r}: cannot import module {module!r} ({reason})")
-  check_experiment_settings(name, params)
 
 
-def check_experiment_settings(name: str, params: Mapping[str, str]) -> None:
-  """UsageError for a built-in experiment's unknown or bad `params` (TensorFlow-free)."""
-  if name in BUILTIN_SETTINGS_CHECKS:
-    BUILTIN_SETTINGS_CHECKS[name](params)
+def _import(name: str):
+  module_name, _ = experiment_target(name)
+  try:
+    return importlib.import_module(module_name)
+  except Exception as e:  # Any failure to import is the user's to fix.
+    raise errors.UsageError(
+        f"experiment {name!r}: cannot import module {module_name!r} "
+        f"({type(e).__name__}: {messages.one_line(e)})") from e
+
+
+def check_params(name: str, params: Mapping[str, str]) -> None:
+  """Checks `--experiment_params` with the experiment module's own `check_params`.
+
+  An experiment's module may define `check_params(params)`, which raises
+  `UsageError` naming a bad setting. tfps calls it before any task starts
+  (`tfps.commands.experiment_check`) and in the coordinator before it
+  connects; a module without one is checked by its factory when it runs.
+  Cheap where the module imports no TensorFlow at its top, as the built-in
+  `tfps.examples.ctr` does.
+
+  Raises:
+    UsageError: a bad setting, or a module that cannot be imported.
+  """
+  check = getattr(_import(name), "check_params", None)
+  if not callable(check):
+    return
+  try:
+    check(dict(params))
+  except errors.UsageError:
+    raise
+  except Exception as e:  # The user's check failed otherwise: still their input's fault.
+    raise errors.UsageError(f"experiment {name!r}: check_params raised "
+                            f"{type(e).__name__}: {messages.one_line(e)}") from e
 
 
 def load_factory(name: str) -> Callable[..., Any]:
@@ -92,7 +111,7 @@ def load_factory(name: str) -> Callable[..., Any]:
 
   TensorFlow-free itself (the user's module may import it): `tfps local`
   runs this in a short-lived child process before it starts any task
-  (`tfps.experiment_check`), the coordinator when it loads the experiment.
+  (`tfps.commands.experiment_check`), the coordinator when it loads the experiment.
   Whether the factory returns an `Experiment` is known only when it is
   called, inside a strategy's scope on a running cluster: the coordinator's
   first start then exits 2, which is never retried.
@@ -102,13 +121,7 @@ def load_factory(name: str) -> Callable[..., Any]:
       non-callable attribute.
   """
   module_name, attribute = experiment_target(name)
-  try:
-    module = importlib.import_module(module_name)
-  except Exception as e:  # Any failure to import is the user's to fix.
-    raise errors.UsageError(
-        f"experiment {name!r}: cannot import module {module_name!r} "
-        f"({type(e).__name__}: {messages.one_line(e)})") from e
-  factory = module
+  factory = _import(name)
   for part in attribute.split("."):
     if not hasattr(factory, part):
       raise errors.UsageError(
@@ -157,10 +170,10 @@ class CoordinatorConfig(settings.LoopSettings):
       train_epochs decides. Exactly one of the two is set: given neither,
       train_steps is the run's default (`base.settings`).
     train_epochs: train this many epochs of a finite training dataset
-      (positioned input, coordinator.ledger); the step to reach is then
+      (positioned input, input.ledger); the step to reach is then
       known once the input is measured. None: train_steps decides.
     input_shards: shards of the finite training input; None lets the
-      runtime choose (coordinator.positioned).
+      runtime choose (input.positioned).
     steps_per_loop: steps per Orbit train loop (one progress line each).
     steps_per_closure: at most this many steps per remote closure.
     checkpoint_interval: save every this many steps (and at the end).
@@ -180,23 +193,23 @@ class CoordinatorConfig(settings.LoopSettings):
     fast_start: start with the fast-start closures and write out once the
       run's training left repays it (with `trace_cache`), else once the
       coordinator has lived long enough to repay it, or at once after
-      long-lived coordinators (`coordinator.closure_plan`).
+      long-lived coordinators (`recovery.closure_plan`).
     trace_cache: store the traced train closures in `model_dir/traces` and
       rebuild them from there in later coordinators of the same program and
-      configuration instead of tracing them (`coordinator.trace_cache`).
+      configuration instead of tracing them (`fast_restart.trace_cache`).
     ps_timeout: seconds a ps may not answer before the run counts it lost
       and exits 170 (a partition hangs TF instead of failing it, see
       `coordinator.ps_deadline`); None: no deadline.
     failover_graphs: with `trace_cache` on 2 ps, have the workers optimize the
       written-out closure of the cluster a ps failover would leave, ahead of
-      need (`coordinator.failover_graphs`); for a coordinator whose supervisor
+      need (`fast_restart.failover_graphs`); for a coordinator whose supervisor
       fails over (`tfps run` with --ps_failover).
     tasks_left_out: the workers and ps the supervisor left out of `cluster`
       (`worker:1`, `ps:0`).
     tasks_expected_back: those of `tasks_left_out` the supervisor will
       restart this coordinator to take back soon after they answer again
       (`recovery.readmission.expected_back`): with any, it is expected to
-      live short (`coordinator.closure_plan`).
+      live short (`recovery.closure_plan`).
   """
 
   cluster: spec_lib.ClusterSpec
@@ -280,7 +293,7 @@ class CoordinatorResult:
     checkpoint: the latest checkpoint in model_dir, if any.
     restarts: coordinator restarts (0 here; counted by the supervisor).
     input: the training input as this coordinator left it (positioned or
-      not, shards, epochs; see `coordinator.ledger`).
+      not, shards, epochs; see `input.ledger`).
     checkpoint_saves, checkpoint_stall_seconds: this coordinator's saves and
       the time training stood still for them (`checkpoints.Manager`).
     checkpoint_saves_skipped: saves that were due while the previous write

@@ -23,7 +23,6 @@ be on disk before the process acts on it (a preemption notice, SIGTERM, the
 end of training) is forced and followed by one.
 """
 
-import atexit
 import copy
 import os
 import tempfile
@@ -35,6 +34,7 @@ import tensorflow as tf
 
 from tfps.base import messages
 from tfps.base import errors
+from tfps.base import tf_internals
 
 
 def check_writable(model_dir: str) -> None:
@@ -110,6 +110,7 @@ class Manager(tf.train.CheckpointManager):
     `skip_while_writing` False waits for the write in flight instead (the bench's
     side-by-side)."""
     super().__init__(checkpoint, directory, **kwargs)
+    self._steps = kwargs.get("step_counter")
     self.asynchronous = asynchronous
     self._skip_while_writing = skip_while_writing
     self._before_save = tuple(before_save)
@@ -119,10 +120,10 @@ class Manager(tf.train.CheckpointManager):
     self.stall_seconds = 0.0  # Time the caller stood still in save() and sync().
 
   def save(self, checkpoint_number=None, check_interval: bool = True, options=None):
-    last = self._last_checkpoint_step if self._checkpoint_interval is not None else None
+    last = tf_internals.last_saved_step(self)
     if check_interval and self._save_due is not None and last is not None:
-      step = int(self._step_counter.numpy())
-      if not self._save_due(step, int(last)):
+      step = int(self._steps.numpy())
+      if not self._save_due(step, last):
         return None
       if self.asynchronous and self._skip_while_writing and self.writing():
         if not self.saves_skipped:
@@ -145,14 +146,9 @@ class Manager(tf.train.CheckpointManager):
       self.stall_seconds += time.perf_counter() - start
     return path
 
-  def _writer(self):
-    """TensorFlow's asynchronous writer (private), once a save made one; else None."""
-    return getattr(self.checkpoint, "_async_checkpointer_impl", None)
-
   def writing(self) -> bool:
     """Whether a background write is still running (TensorFlow's next save would wait)."""
-    queue = getattr(self._writer(), "_queue", None)  # Its thread marks each write done.
-    return bool(queue is not None and queue.unfinished_tasks)
+    return tf_internals.async_write_running(self.checkpoint)
 
   def sync(self) -> None:
     """Waits for the background write, if one runs; raises its error if it failed."""
@@ -160,10 +156,8 @@ class Manager(tf.train.CheckpointManager):
     super().sync()
     self.stall_seconds += time.perf_counter() - start
     # TensorFlow keeps a failed write's error for the next save to raise; a
-    # caller of sync() must hear it now (the helper exists once a save ran).
-    writer = self._writer()
-    if writer is not None:
-      writer._check_async_thread_error()  # pylint: disable=protected-access
+    # caller of sync() must hear it now.
+    tf_internals.raise_async_write_error(self.checkpoint)
 
   def close(self) -> None:
     """Waits for the last write, then ends TensorFlow's writer thread and lets it go.
@@ -178,11 +172,7 @@ class Manager(tf.train.CheckpointManager):
     try:
       self.sync()  # Raises a failed write's error (TensorFlow then forgets it).
     finally:
-      writer = self._writer()
-      if writer is not None:
-        self.checkpoint._async_checkpointer_impl = None  # pylint: disable=protected-access
-        atexit.unregister(writer._join_async_save_thread)  # pylint: disable=protected-access
-        writer._join_async_save_thread()  # pylint: disable=protected-access
+      tf_internals.close_async_writer(self.checkpoint)
 
   def save_now(self, checkpoint_number: int) -> str:
     """Saves and returns once the checkpoint is complete on disk."""

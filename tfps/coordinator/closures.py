@@ -50,11 +50,11 @@ from typing import Any, Callable
 from absl import logging
 import tensorflow as tf
 
-from tfps.coordinator import closure_plan
+from tfps.recovery import closure_plan
 from tfps.coordinator import step_logs
-from tfps.coordinator import trace_cache as trace_cache_lib
-from tfps.coordinator import warm_up
-from tfps.coordinator import worker_functions
+from tfps.fast_restart import trace_cache as trace_cache_lib
+from tfps.fast_restart import warm_up
+from tfps.fast_restart import worker_functions
 
 # A positioned closure's arguments for a warm-up (nothing is read), and their specs.
 _SKIP_SPECS = (tf.TensorSpec([], tf.bool), tf.TensorSpec([], tf.int64),

@@ -39,9 +39,9 @@ import orbit
 import tensorflow as tf
 import tf_keras
 
-from tfps.coordinator import datasets
+from tfps.input import datasets
 from tfps.coordinator import strategy as strategy_lib
-from tfps.coordinator import worker_functions
+from tfps.fast_restart import worker_functions
 from tfps.base import errors
 
 

@@ -40,7 +40,7 @@ from tfps.base import errors
 
 # Built-in experiments: name -> "module:factory", imported only when chosen.
 BUILTIN = api.BUILTIN_EXPERIMENTS
-# The checkpoint name of the input ledger (coordinator.ledger), beside the
+# The checkpoint name of the input ledger (input.ledger), beside the
 # experiment's own items.
 INPUT_LEDGER_KEY = "input_ledger"
 
@@ -134,6 +134,11 @@ def load_factory(name: str) -> Factory:
       non-callable attribute (`api.load_factory`).
   """
   return api.load_factory(name)
+
+
+def check_params(name: str, params) -> None:
+  """The experiment module's own check of its settings (`api.check_params`)."""
+  api.check_params(name, params)
 
 
 def build(factory: Factory, context: ExperimentContext, *, name: str,

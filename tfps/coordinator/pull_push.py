@@ -21,7 +21,7 @@ same values in fewer, larger tensors:
 Same values, same gradients, same optimizer updates as reading the
 variables directly; nothing is cached across steps (a pull reads the
 variables when the step starts, as the step's first reads would). The ctr
-experiment (`coordinator.ctr`) uses it; `docs/benchmarks.md` measures it.
+experiment (`examples.ctr.experiment`) uses it; `docs/benchmarks.md` measures it.
 
     pulled = pull_push.pull(tables=[(table, ids)], dense=[kernel])
     with tf.GradientTape() as tape:

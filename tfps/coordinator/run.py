@@ -40,8 +40,8 @@ import tensorflow as tf
 from tfps.cluster import spec as spec_lib
 from tfps.coordinator import api
 from tfps.coordinator import checkpoints
-from tfps.coordinator import closure_plan
-from tfps.coordinator import datasets
+from tfps.recovery import closure_plan
+from tfps.input import datasets
 from tfps.coordinator import evaluator as evaluator_lib
 from tfps.coordinator import experiment as experiment_lib
 from tfps.coordinator import loop_ends
@@ -51,7 +51,7 @@ from tfps.coordinator import progress
 from tfps.coordinator import ps_deadline
 from tfps.coordinator import ps_state
 from tfps.coordinator import strategy as strategy_lib
-from tfps.coordinator import trace_cache
+from tfps.fast_restart import trace_cache
 from tfps.coordinator import trainer as trainer_lib
 from tfps.recovery import notices
 from tfps.base import errors
@@ -333,6 +333,7 @@ def run_coordinator(config: CoordinatorConfig, *,
 def _run_chief(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts) -> CoordinatorResult:
   checkpoints.check_writable(config.model_dir)
   factory = experiment_lib.load_factory(config.experiment)
+  experiment_lib.check_params(config.experiment, config.experiment_params)
   runtime = strategy_lib.connect(config.cluster, ready_timeout=config.ready_timeout,
                                  min_shard_bytes=config.min_shard_bytes)
   # From here on every ps must keep answering: a partition hangs TF, not fails it.
@@ -357,7 +358,7 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
                                 ends=ends)
   global_step = experiment.global_step
   positioned = isinstance(trainer, trainer_lib.PSTrainer) and trainer.positioned
-  # The input's position is saved and restored with the model (coordinator.ledger).
+  # The input's position is saved and restored with the model (input.ledger).
   input_items = {experiment_lib.INPUT_LEDGER_KEY: trainer.input_state} if positioned else {}
   with runtime.strategy.scope():
     checkpoint = tf.train.Checkpoint(global_step=global_step, **experiment.checkpoint_items,

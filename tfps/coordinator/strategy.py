@@ -26,7 +26,7 @@ table over the ps).
 
 Nothing here reads or sets environment variables. TensorFlow's own knobs for
 PS training are environment variables read inside TensorFlow; the process
-edge (`tfps.cli`) sets them before TensorFlow starts (GRPC_FAIL_FAST=use_caller,
+edge (`tfps.commands.cli`) sets them before TensorFlow starts (GRPC_FAIL_FAST=use_caller,
 as TF's PS tutorial asks, so RPCs to a dead task fail instead of waiting).
 """
 

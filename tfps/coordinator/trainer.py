@@ -59,15 +59,15 @@ from absl import logging
 import orbit
 import tensorflow as tf
 
-from tfps.coordinator import closure_plan
+from tfps.recovery import closure_plan
 from tfps.coordinator import closures as closures_lib
-from tfps.coordinator import datasets
-from tfps.coordinator import failover_graphs as failover_graphs_lib
-from tfps.coordinator import ledger as ledger_lib
-from tfps.coordinator import positioned as positioned_lib
+from tfps.input import datasets
+from tfps.fast_restart import failover_graphs as failover_graphs_lib
+from tfps.input import ledger as ledger_lib
+from tfps.input import positioned as positioned_lib
 from tfps.coordinator import step_logs
 from tfps.coordinator import strategy as strategy_lib
-from tfps.coordinator import trace_cache as trace_cache_lib
+from tfps.fast_restart import trace_cache as trace_cache_lib
 from tfps.base import errors
 
 
@@ -100,7 +100,7 @@ class LoopInput:
   """What one train loop read: its chunks (positioned input) and re-executed steps.
 
   `looped`: its full-size closures were the fast-start ones (`closure_plan`):
-  a slower loop than the run's fault-free speed (`recovery.goodput`).
+  a slower loop than the run's fault-free speed (`chaos.goodput`).
   """
 
   chunks: tuple[ledger_lib.Chunk, ...] = ()
@@ -112,8 +112,8 @@ class PSTrainer(orbit.StandardTrainer):
   """A single-machine `orbit.StandardTrainer` run as closures on all workers.
 
   The wrapped trainer's `train_dataset` (a `dataset_fn(input_context)` or a
-  `tf.data.Dataset`, see `coordinator.datasets`) should be finite: one epoch.
-  Its position is then the coordinator's (`coordinator.ledger`): each closure
+  `tf.data.Dataset`, see `input.datasets`) should be finite: one epoch.
+  Its position is then the coordinator's (`input.ledger`): each closure
   is given the chunk of the data it reads, and the position is checkpointed
   with the model (`input_state`), epoch after epoch. An endless dataset
   (`repeat()`) is created on every worker instead, each reading its own part
@@ -133,7 +133,7 @@ class PSTrainer(orbit.StandardTrainer):
     `unroll`: steps per while-loop iteration inside a closure (see the module
     docstring). `looped_seconds`: with positioned input, train with the
     fast-start closure this long before writing out the full-size closures
-    (`coordinator.closure_plan`; 0: written out from the first loop).
+    (`recovery.closure_plan`; 0: written out from the first loop).
     `global_step`: the step counter `train_step` increments
     (default: the wrapped trainer's `global_step` attribute, if any); after
     every loop it is set back by the steps that TensorFlow re-executed when it
@@ -146,12 +146,12 @@ class PSTrainer(orbit.StandardTrainer):
     reaches `target`. 0: every loop trains exactly its steps.
     `trace_cache`: with positioned input, where the closures' traces are
     stored for later coordinators and found from earlier ones
-    (`coordinator.trace_cache`); `looped_seconds_stored` replaces
+    (`fast_restart.trace_cache`); `looped_seconds_stored` replaces
     `looped_seconds` when the written-out closures are found there (the plan
     at the lower price of a write-out that traces nothing).
     `failover_graphs`: with `trace_cache` on 2 ps, have the workers optimize the
     written-out closure of the cluster a ps failover would leave, after the
-    first loop with this one (`coordinator.failover_graphs`).
+    first loop with this one (`fast_restart.failover_graphs`).
     """
     if not isinstance(trainer, orbit.StandardTrainer):
       raise errors.UsageError(

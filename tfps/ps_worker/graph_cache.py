@@ -7,7 +7,7 @@ what a ps or chief fault costs. TensorFlow can keep a worker's optimized
 function graphs on disk and read them back instead (`TF_GRAPH_CACHING`, a
 directory; read by the worker at every instantiation).
 
-What TensorFlow does, and why this module and `coordinator.worker_functions`
+What TensorFlow does, and why this module and `fast_restart.worker_functions`
 are careful with it:
 
 * it stores a graph only when optimizing it took 3 s or more (fixed in
@@ -19,7 +19,7 @@ are careful with it:
 
 So two functions of one name must never differ, in graph or in the cluster
 they run in: the coordinator names every function it schedules so
-(`coordinator.worker_functions`), and each task has a directory of its own
+(`fast_restart.worker_functions`), and each task has a directory of its own
 (`task_directory`), as a graph placed for one worker would run its ops on
 another if read by a third.
 

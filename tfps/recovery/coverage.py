@@ -1,6 +1,6 @@
 """Input accounting from the progress log: was every batch trained once per epoch?
 
-With positioned input (tfps.coordinator.ledger) every loop record lists the
+With positioned input (tfps.input.ledger) every loop record lists the
 chunks the loop trained, and every coordinator start the step it restored.
 The global step counts the batches handed out (the trainer keeps them
 equal), so a restore at step `r` rolls back exactly the chunks handed out

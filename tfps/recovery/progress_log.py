@@ -30,7 +30,7 @@ class Progress:
   step: int
   time: float  # Seconds since the epoch.
   restored: bool = False  # A coordinator (re)started from a checkpoint at `step`.
-  # Positioned input (tfps.coordinator.ledger): a loop's chunks as
+  # Positioned input (tfps.input.ledger): a loop's chunks as
   # [shard, start, count, epoch], in the order they were handed out ...
   chunks: tuple[tuple[int, int, int, int], ...] | None = None
   # ... the steps TensorFlow re-executed in the loop's retried closures ...
@@ -38,7 +38,7 @@ class Progress:
   # ... and, on a `restored` record, every shard's length in batches.
   shard_lengths: tuple[int, ...] | None = None
   # The loop ran the looped closure (a coordinator's fast start): slower than
-  # the run's fault-free speed, so not counted in it (recovery.goodput).
+  # the run's fault-free speed, so not counted in it (chaos.goodput).
   looped: bool = False
   # On a `restored` record: the workers and ps this coordinator runs without
   # (the supervisor left them out): a fault on one of them does not touch it.

@@ -6,7 +6,7 @@ again, costs a coordinator restart: a save, a new coordinator's start and
 its first loop, seconds in which nothing trains. Running without it costs
 whatever speed the cluster lost with it: much on a cluster whose ps are its
 bottleneck, nothing measurable where the workers are. Which is cheaper is
-another ski-rental problem (as `coordinator.closure_plan`'s): rent (train
+another ski-rental problem (as `recovery.closure_plan`'s): rent (train
 without the ps) until the rent paid equals the price (a restart), then buy.
 
 The rent is measured, not assumed: the speed of the coordinator without the
@@ -24,7 +24,7 @@ import enum
 import statistics
 from typing import Sequence
 
-from tfps.coordinator import closure_plan
+from tfps.recovery import closure_plan
 from tfps.recovery import progress_log
 
 
@@ -137,7 +137,7 @@ def expected_back(left_out: Sequence[str], readmit: Readmit) -> tuple[str, ...]:
   answers with `Readmit.TIMED`; with `Readmit.MEASURED` only once running
   without it has cost a restart, which where the ps are not the bottleneck is
   never: a coordinator without it plans to live like any other
-  (`coordinator.closure_plan`).
+  (`recovery.closure_plan`).
   """
   readmit = Readmit(readmit)
   return tuple(name for name in left_out if not _is_ps(name) or readmit == Readmit.TIMED)

@@ -1,30 +1,31 @@
-"""`tfps run`: resolve this task's role, then serve (ps/worker) or coordinate (chief)."""
+"""The chief's `tfps run`: a supervisor of coordinator processes (`recovery.supervisor`).
+
+Here the supervisor gets what it runs with: its settings from the run spec,
+a launcher that starts each coordinator as `tfps run --nosupervise` with the
+next one kept warm (`recovery.standby`), and probes of the ps and workers.
+At the end it writes the run's result record (`run_result.RunResult`).
+"""
 
 import dataclasses
-import faulthandler
-import importlib
 import itertools
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import traceback
 
 from absl import logging
 
+from tfps.base import errors
 from tfps.cluster import readiness
 from tfps.cluster import scratch as scratch_lib
 from tfps.cluster import spec as spec_lib
+from tfps.commands import run_result
+from tfps.commands import run_spec
 from tfps.coordinator import api
-from tfps.ps_worker import graph_cache
-from tfps.recovery import notices
-from tfps.base import errors
 from tfps.recovery import coverage
 from tfps.recovery import events
 from tfps.recovery import exit_report
-from tfps.recovery import interrupts
 from tfps.recovery import policy
 from tfps.recovery import progress_log
 from tfps.recovery import readmission
@@ -32,141 +33,15 @@ from tfps.recovery import standby
 from tfps.recovery import supervisor
 from tfps.recovery import task_watch
 
-from tfps.base import log_summary
-from tfps.base import signals
-from tfps import run_result
-from tfps import run_spec
-
 # One round of probing the ps and workers (task watch, ps deadline).
 _PROBE_SECONDS = 1.0
+
+
 # The supervisor's ps deadline is the coordinator's (--ps_timeout) plus this:
 # the coordinator, which notices within --ps_timeout plus one of its probe
 # rounds (~3 s), always gets the first word; the supervisor (probing every
 # 2 s) acts only when it has not exited by then (see recovery.supervisor).
 _SUPERVISOR_PS_MARGIN_SECONDS = 8.0
-
-
-def task_config_from_flags(flags) -> spec_lib.TaskConfig:
-  """The cluster and role: --cluster_spec, else host flags, else TF_CONFIG."""
-  if flags.cluster_spec:
-    return spec_lib.from_json_file(
-        flags.cluster_spec, job_name=flags.job_name,
-        task_index=flags.task_index if flags.job_name else None)
-  if flags.ps_hosts or flags.worker_hosts or flags.chief_host:
-    return spec_lib.from_host_flags(
-        ps_hosts=flags.ps_hosts, worker_hosts=flags.worker_hosts,
-        chief_host=flags.chief_host, job_name=flags.job_name, task_index=flags.task_index)
-  return spec_lib.from_tf_config(os.environ.get("TF_CONFIG", ""))
-
-
-def graph_cache_root(flag: str | None) -> str | None:
-  """Where a worker keeps optimized graphs, from `--graph_cache_dir`; None: nowhere."""
-  return graph_cache.default_root() if flag is None else flag or None
-
-
-def run(flags) -> errors.ExitCode:
-  from tfps.ps_worker import server  # Installs nothing on import; cheap.
-
-  stop = signals.StopSignals.install()
-  config = task_config_from_flags(flags)  # Bad spec: UsageError, before TF loads.
-  stderr_filter = log_summary.install_stderr_filter()
-  try:
-    if config.task.job in (spec_lib.JobType.PS, spec_lib.JobType.WORKER):
-      code = server.serve(config, stop, server.ServerOptions(
-          inter_op_threads=flags.inter_op_threads, intra_op_threads=flags.intra_op_threads,
-          thread_spinning=flags.thread_spinning, grace_seconds=flags.grace_seconds,
-          control_address=_control_address(config) if flags.preemption_notice else None,
-          graph_cache_root=graph_cache_root(flags.graph_cache_dir)))
-      stderr_filter.close()
-      # A running TF server cannot be destroyed cleanly; leave without
-      # running its destructors.
-      os._exit(int(code))
-    if config.task.job == spec_lib.JobType.EVALUATOR:
-      raise errors.UsageError(
-          "task.type: 'evaluator' side-car evaluation is not supported; "
-          "run the chief with --mode=train_and_eval instead")
-    spec = run_spec.from_flags(flags)  # Bad settings: one line, before TF loads.
-    if flags.supervise:
-      return _supervise_chief(config, spec, stop, result_file=flags.result_file)
-    # A coordinator the supervisor finds stuck is asked for its stacks first.
-    # Written by the signal handler in C, straight to the log: it works even
-    # while another thread holds the interpreter lock.
-    faulthandler.register(signal.SIGUSR1, file=stderr_filter.real_stderr, all_threads=True)
-    temp = scratch_lib.use_for_temporary_files("tfps-coordinator-")
-    if os.environ.get(standby.ENV_VAR):
-      go = _stand_by(stop)
-      if go is None:  # Not needed after all: leave as quietly as we came.
-        _leave_coordinator(stderr_filter, temp, errors.ExitCode.OK)
-      spec = dataclasses.replace(spec, exclude_tasks=go.exclude_tasks)
-    _leave_coordinator(stderr_filter, temp,
-                       _coordinate(config, spec, stop, result_file=flags.result_file))
-  finally:
-    stderr_filter.close()
-
-
-def _stand_by(stop) -> standby.Go | None:
-  """A warm standby: imports what a coordinator needs, then waits for its turn."""
-  importlib.import_module("tfps.coordinator.run")  # TensorFlow, tf_keras, Orbit: seconds.
-  logging.info("warm standby coordinator ready (pid %d)", os.getpid())
-  standby.mark_ready(os.environ[standby.ENV_VAR])
-  return standby.wait_for_go(stop, sys.stdin)
-
-
-def _coordinate(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, *,
-                result_file: str | None) -> errors.ExitCode:
-  """Runs the coordinator; any failure becomes one line and an exit code."""
-  try:
-    return _run_chief(config, spec, stop, result_file=result_file)
-  except errors.TfpsError as e:
-    error, code, message = e, e.exit_code, str(e)
-  except Exception as e:  # A bug of ours: still one line, the rest in a file.
-    error, code = e, errors.ExitCode.PERMANENT
-    message = f"internal error: {type(e).__name__}: {e}"
-  details = _write_details(spec.model_dir, error)
-  suffix = f" (details: {details})" if details else ""
-  sys.stderr.write(f"tfps: error: {message}{suffix}\n")
-  if isinstance(error, errors.PermanentError):
-    exit_report.write(error.failure, message + suffix)
-  elif code == errors.ExitCode.PERMANENT:
-    exit_report.write("user_error", message + suffix)
-  return code
-
-
-def _write_details(model_dir: str | None, error: BaseException) -> str | None:
-  """Appends the full error chain to model_dir/errors.log; returns its path."""
-  if error.__cause__ is None and isinstance(error, errors.UsageError):
-    return None  # Bad input: the one line says everything.
-  if not model_dir or not os.path.isdir(model_dir):
-    return None
-  path = os.path.join(model_dir, "errors.log")
-  try:
-    with open(path, "a", encoding="utf-8") as f:
-      f.write("".join(traceback.format_exception(error)) + "\n")
-  except OSError:
-    return None
-  return path
-
-
-def _leave_coordinator(stderr_filter, temp, code: int) -> None:
-  """Ends a coordinator process: output flushed, scratch removed, no destructors.
-
-  TF's ClusterCoordinator destructor can wait forever at interpreter
-  shutdown (on a lock of a worker-recovery thread that shutdown froze), and
-  a background trace (`trainer.PSTrainer`'s fast start) may still run;
-  everything is saved and flushed, so leave without destructors.
-  """
-  if code != errors.ExitCode.OK:  # When it left, for whoever times a restart from the log.
-    logging.info("coordinator exiting with code %d", int(code))
-  sys.stdout.flush()
-  stderr_filter.close()
-  temp.cleanup()
-  os._exit(int(code))
-
-
-def _control_address(config: spec_lib.TaskConfig) -> str | None:
-  if not config.cluster.addresses(spec_lib.JobType.CHIEF):
-    return None  # No chief listed: nobody to warn.
-  return notices.control_address(config.cluster)
 
 
 def supervision(spec: run_spec.RunSpec
@@ -272,12 +147,12 @@ class _ClusterProbes:
                                    tasks=[t for t in self.servers if t not in excluded])
 
 
-def _supervise_chief(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, *,
+def supervise(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, *,
                      result_file: str | None) -> errors.ExitCode:
   """The chief as a supervisor of coordinator processes (recovery.supervisor)."""
   supervisor_config, watch_config = supervision(spec)
   spec = dataclasses.replace(spec, model_dir=ensure_model_dir(spec.model_dir))
-  api.check_experiment_findable(spec.experiment, spec.experiment_params)
+  api.check_experiment_findable(spec.experiment)
   probes = _ClusterProbes(config.cluster, tuple(
       t for t in config.cluster.for_coordinator().tasks() if t.job != spec_lib.JobType.CHIEF))
   workers = [t for t in probes.servers if t.job == spec_lib.JobType.WORKER]
@@ -321,19 +196,3 @@ def ensure_model_dir(model_dir: str | None) -> str:
   except OSError as e:
     raise errors.UsageError(f"--model_dir: {model_dir!r} is not writable ({e.strerror})") from None
   return model_dir
-
-
-def _run_chief(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, *,
-               result_file: str | None) -> errors.ExitCode:
-  settings = spec.coordinator_config(config.cluster.for_coordinator())  # Before TF loads.
-  api.check_experiment_findable(spec.experiment, spec.experiment_params)
-  from tfps.coordinator import run as coordinator_run  # Imports TensorFlow (seconds).
-
-  result = coordinator_run.run_coordinator(settings, interrupts=interrupts.Interrupts(stop))
-  if result_file:  # The supervisor's (run_result); else a person's.
-    run_result.write_coordinator(result, result_file)
-  else:
-    sys.stdout.write(json.dumps(result.as_dict()) + "\n")
-    sys.stdout.flush()
-  logging.info("chief finished: %s at step %d", result.status, result.global_step)
-  return errors.ExitCode.OK

@@ -8,7 +8,7 @@ ski-rental problem: renting (the fast start) costs a share of every second,
 buying (writing out) a fixed price. What decides is how long the purchase
 lasts.
 
-With stored traces (`coordinator.trace_cache`) a write-out outlasts the
+With stored traces (`fast_restart.trace_cache`) a write-out outlasts the
 coordinator that paid for it: the coordinators after it rebuild the closure
 from the stored trace, and each worker reads back the graph it optimized
 (`ps_worker.graph_cache`). Then the run's training left is what must repay

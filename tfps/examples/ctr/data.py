@@ -49,9 +49,11 @@ without counting.
 """
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import json
+import logging as logging_lib
 import os
 import socket
 import time
@@ -61,9 +63,7 @@ from typing import Callable, Mapping
 from absl import logging
 import tensorflow as tf
 
-from tensorflow.python.util import deprecation
-
-from tfps.coordinator import example_records
+from tfps.examples.ctr import records as example_records
 from tfps.base import errors
 
 _FORMAT = 2  # Bump when the bytes written for the same settings change.
@@ -151,7 +151,7 @@ class TrainFiles:
     # (docs/benchmarks.md, "The ctr's file input"). TF calls the op deprecated
     # in favour of `map`; its three-line notice at every start says nothing
     # to a user of tfps.
-    with deprecation.silence():
+    with _deprecation_notices_silenced():
       parse = tf.data.experimental.parse_example_dataset({
           "cat": tf.io.FixedLenFeature([k * num_features], tf.int64),
           "dense": tf.io.FixedLenFeature([k * num_dense], tf.float32),
@@ -336,3 +336,15 @@ def _alive(pid: int) -> bool:
   except PermissionError:
     return True  # Someone else's process.
   return True
+
+
+@contextlib.contextmanager
+def _deprecation_notices_silenced():
+  """TensorFlow's deprecation notices (WARNING lines of its logger) left out."""
+  logger = tf.get_logger()
+  level = logger.level
+  logger.setLevel(logging_lib.ERROR)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)

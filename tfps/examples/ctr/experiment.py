@@ -31,11 +31,11 @@ AUC (the true model's own) is about 0.845; dense features alone give about
 Training reads files, as a real CTR pipeline does: the first `train_examples`
 examples of the training split are written once as sharded TFRecord files of
 `tf.train.Example`s, each a block of `examples_per_record` examples, into
-`data_dir` (`tfps.coordinator.ctr_data`: reused by every run with the same
+`data_dir` (`tfps.examples.ctr.data`: reused by every run with the same
 settings, written atomically) and read one epoch at a time, shard `s` of `S`
 a contiguous run of whole batches read from only its own files. The runtime
 positions that finite input itself (every example trained on once per epoch,
-through faults; `tfps.coordinator.positioned`).
+through faults; `tfps.input.positioned`).
 The workers open the files by the paths the chief wrote them to: on several
 machines, `data_dir` must be on storage they all see at that path.
 Evaluation reads the held-out split in-graph: it is small, it is split
@@ -59,8 +59,8 @@ import orbit
 import tensorflow as tf
 import tf_keras
 
-from tfps.coordinator import ctr_config
-from tfps.coordinator import ctr_data
+from tfps.examples.ctr import config as ctr_config
+from tfps.examples.ctr import data as ctr_data
 from tfps.coordinator import experiment as experiment_lib
 from tfps.coordinator import pull_push
 from tfps.base import errors

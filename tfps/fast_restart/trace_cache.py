@@ -31,8 +31,8 @@ metric or optimizer) never matches, since those do not exist yet when the
 entry is checked; it is traced every time, as before.
 
 The rebuild uses TensorFlow internals (the pieces its SavedModel loader
-uses: `function_def_to_graph`, `ConcreteFunction.from_func_graph`); any
-failure there is logged in one line and the closure is traced.
+uses, reached through `base.tf_internals`); any failure there is logged in
+one line and the closure is traced.
 """
 
 import base64
@@ -48,15 +48,11 @@ import tensorflow as tf
 
 from tensorflow.core.framework import function_pb2
 from tensorflow.core.framework import tensor_pb2
-from tensorflow.core.function.polymorphism import function_type as function_type_lib
-from tensorflow.python.distribute import sharded_variable
-from tensorflow.python.eager import context
-from tensorflow.python.eager.polymorphic_function import concrete_function as concrete_lib
-from tensorflow.python.framework import function_def_to_graph
 
 from tfps.base import files
-from tfps.coordinator import trace_relocation
-from tfps.coordinator import worker_functions
+from tfps.base import tf_internals
+from tfps.fast_restart import trace_relocation
+from tfps.fast_restart import worker_functions
 
 FORMAT = 1
 # The key field an entry may differ in: its ops are moved to the variables' tasks.
@@ -102,11 +98,10 @@ def tracked_variables(root) -> dict[tuple[int, int], tf.Variable]:
   """Each variable `root` tracks, by (its place in a checkpoint's walk, its shard)."""
   found = {}
   for index, obj in enumerate(tf.train.TrackableView(root).descendants()):
-    if isinstance(obj, sharded_variable.ShardedVariable):
-      parts = obj.variables
-    elif isinstance(obj, tf.Variable):
+    parts = tf_internals.shards_of(obj)
+    if parts is None and isinstance(obj, tf.Variable):
       parts = [obj]
-    else:
+    if parts is None:
       continue
     for shard, part in enumerate(parts):
       found[(index, shard)] = part
@@ -373,12 +368,11 @@ def _rebuild(entry: Mapping[str, Any], input_specs: Sequence[tf.TensorSpec],
   names = _renamed(library, worker_functions.rebuilt_suffix(*_naming(entry, moves, cluster)))
   outer_name = names[entry["function"]]
   outer = None
-  ctx = context.context()
   for fdef in library.function:
     if fdef.signature.name == outer_name:
       outer = fdef
     else:
-      ctx.add_function_def(fdef)  # Called from the outer one: TF's runtime finds them here.
+      tf_internals.register_function_def(fdef)  # Called from the outer one.
   captures = []
   for capture in entry["captures"]:
     if "variable" in capture:
@@ -386,22 +380,6 @@ def _rebuild(entry: Mapping[str, Any], input_specs: Sequence[tf.TensorSpec],
     else:
       proto = tensor_pb2.TensorProto.FromString(base64.b64decode(capture["constant"]))
       captures.append(tf.constant(tf.make_ndarray(proto)))
-  graph = function_def_to_graph.function_def_to_graph(
-      outer, structured_input_signature=(tuple(input_specs), {}))
-  num_inputs = len(graph.inputs) - len(captures)
-  if num_inputs != len(input_specs):
-    raise ValueError(f"{num_inputs} inputs stored, {len(input_specs)} expected")
-  graph.structured_outputs = tf.nest.pack_sequence_as(_decode_outputs(entry["outputs"]),
-                                                      graph.outputs)
-  for external, internal in zip(captures, graph.inputs[num_inputs:]):
-    graph.function_captures.add_or_replace(key=id(external), external=external,
-                                           internal=internal, is_by_ref=False)
-  function_type = function_type_lib.from_structured_signature(
-      graph.structured_input_signature, graph.structured_outputs,
-      graph.function_captures.capture_types)
-  if "_input_shapes" in outer.attr:
-    del outer.attr["_input_shapes"]
-  function = concrete_lib.ConcreteFunction.from_func_graph(graph, function_type,
-                                                           attrs=outer.attr)
-  function.set_external_captures(captures)
+  function = tf_internals.function_from_def(outer, input_specs, _decode_outputs(entry["outputs"]),
+                                            captures)
   return function, moved

@@ -222,19 +222,19 @@ def main(argv: list[str]) -> None:
   logging.set_verbosity(logging.INFO)
   _prepare_environment()
   if command == "run":
-    from tfps import run_command
+    from tfps.commands import run as run_command
     code = run_command.run(FLAGS)
   elif command == "local":
-    from tfps import local_command
+    from tfps.commands import local as local_command
     code = local_command.run(FLAGS)
   elif command == "chaos":
-    from tfps import chaos_command
+    from tfps.commands import chaos as chaos_command
     code = chaos_command.run(FLAGS)
   elif command == "bench":
-    from tfps import bench_command
+    from tfps.commands import bench as bench_command
     code = bench_command.run(FLAGS)
   else:
-    from tfps import k8s_command
+    from tfps.commands import k8s as k8s_command
     code = k8s_command.run(FLAGS)
   sys.exit(int(code))
 

@@ -28,10 +28,11 @@ from typing import Any
 from absl import logging
 import tensorflow as tf
 
-from tfps.coordinator import datasets
-from tfps.coordinator import ledger as ledger_lib
+from tfps.input import datasets
+from tfps.input import ledger as ledger_lib
 from tfps.base import messages
 from tfps.base import errors
+from tfps.base import tf_internals
 
 # Largest number of batches counted on the chief for a dataset whose
 # cardinality tf.data does not know; more is treated as endless.
@@ -95,7 +96,7 @@ class LedgerState(tf.train.experimental.PythonState):
     object_map[self].text.assign(self._text)
 
 
-class _LedgerSnapshot(tf.__internal__.tracking.Trackable):
+class _LedgerSnapshot(tf_internals.Trackable):
   """What an asynchronous save writes for a `LedgerState`: a copy of its captured text."""
 
   def __init__(self, source: tf.Variable):

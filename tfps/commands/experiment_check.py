@@ -1,4 +1,7 @@
-"""`python -m tfps.experiment_check NAME`: does the experiment's factory load?
+"""`python -m tfps.commands.experiment_check NAME [KEY=VALUE ...]`: does the experiment load?
+
+Its factory must import and be callable, and its settings (`--experiment_params`)
+pass its module's `check_params`, if it has one (`coordinator.api.check_params`).
 
 `tfps local` and `tfps chaos` run this before they start any task, so a user
 module that does not import, or lacks its factory, is one line and exit 2
@@ -11,15 +14,17 @@ Prints the one-line reason on stdout and exits 2, or exits 0.
 import sys
 
 from tfps.base import errors
+from tfps.commands import run_spec
 from tfps.coordinator import api
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) != 2:
-    sys.stdout.write("usage: python -m tfps.experiment_check NAME\n")
+  if len(argv) < 2:
+    sys.stdout.write("usage: python -m tfps.commands.experiment_check NAME [KEY=VALUE ...]\n")
     return int(errors.ExitCode.USAGE)
   try:
     api.load_factory(argv[1])
+    api.check_params(argv[1], run_spec.parse_params(argv[2:]))
   except errors.UsageError as e:
     sys.stdout.write(f"{e}\n")
     return int(errors.ExitCode.USAGE)

@@ -24,7 +24,7 @@ from absl import logging
 import tensorflow as tf
 
 from tfps.base import errors
-from tfps.coordinator import worker_functions
+from tfps.fast_restart import worker_functions
 
 # tf.data's ExternalStatePolicy: refuse datasets whose graph cannot be shipped
 # (py_function, from_generator); they could only run on the chief.

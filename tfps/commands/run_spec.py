@@ -192,9 +192,9 @@ def parse_params(items: list[str]) -> dict[str, str]:
 def from_flags(flags) -> RunSpec:
   """The run's spec from the parsed flags, or from `--run_spec=FILE` (not both).
 
-  A built-in experiment's settings are checked too (TensorFlow-free); where
-  the experiment must run here, callers also check that its module can be
-  found (`api.check_experiment_findable`).
+  The experiment's own settings are its module's to check
+  (`api.check_params`); where the experiment must run here, callers also
+  check that its module can be found (`api.check_experiment_findable`).
   """
   if flags.run_spec:
     given = [name for name in FIELDS if flags[name].present]
@@ -210,7 +210,6 @@ def from_flags(flags) -> RunSpec:
     if flags.train_epochs is not None and not flags["train_steps"].present:
       values["train_steps"] = None  # Epochs decide; giving both is refused.
     spec = RunSpec(**values)
-  api.check_experiment_settings(spec.experiment, spec.experiment_params)
   return spec
 
 

@@ -1,6 +1,6 @@
 """`tfps chaos`: `tfps local` while a seeded schedule of real faults hits it.
 
-Faults (see `recovery.chaos`) are SIGKILL, SIGTERM and SIGSTOP/SIGCONT of
+Faults (see `chaos.faults`) are SIGKILL, SIGTERM and SIGSTOP/SIGCONT of
 workers, ps and the chief, each target brought back after its delay (or
 never, for a worker). A fault is injected once training reaches its step
 (random schedules place faults by step, so they land while training runs
@@ -32,16 +32,17 @@ import time
 from absl import logging
 
 from tfps.cluster import local
-from tfps.recovery import chaos
-from tfps.recovery import goodput
-from tfps.recovery import timeline
+from tfps.chaos import faults as faults_lib
+from tfps.chaos import tracker as tracker_lib
+from tfps.chaos import goodput
+from tfps.chaos import timeline
 from tfps.base import errors
 from tfps.recovery import events
 from tfps.base import log_summary
 from tfps.recovery import progress_log as progress_lib
 from tfps.base import signals
-from tfps import local_command
-from tfps import orchestrator
+from tfps.commands import local as local_command
+from tfps.recovery import orchestrator
 
 _POLL_SECONDS = 0.25
 
@@ -49,20 +50,20 @@ _POLL_SECONDS = 0.25
 @dataclasses.dataclass
 class _Restore:
   at: float  # Seconds since the start of training.
-  fault: chaos.Fault
+  fault: faults_lib.Fault
 
 
-def schedule(flags, cluster: local.LocalCluster) -> tuple[chaos.Fault, ...]:
+def schedule(flags, cluster: local.LocalCluster) -> tuple[faults_lib.Fault, ...]:
   if flags.faults:
-    faults = chaos.parse_faults(flags.faults, cluster.spec)
+    faults = faults_lib.parse_faults(flags.faults, cluster.spec)
     if cluster.config.hosts != "netns" and any(
-        f.action == chaos.FaultAction.CUT for f in faults):
+        f.action == faults_lib.FaultAction.CUT for f in faults):
       raise errors.UsageError("--faults: 'cut' needs --hosts=netns (a task per virtual host)")
     return faults
   # By step (the run's own progress), unless seconds were asked for or the
   # steps are not known before the run (--train_epochs).
   by_steps = not flags["chaos_duration"].present and flags.train_epochs is None
-  return chaos.random_schedule(
+  return faults_lib.random_schedule(
       seed=flags.seed, count=flags.fault_count, duration=flags.chaos_duration,
       cluster=cluster.spec, never_returns=flags.worker_never_returns,
       back_after=flags.restart_delay, network_faults=cluster.config.hosts == "netns",
@@ -89,12 +90,12 @@ def run(flags) -> errors.ExitCode:
     chief = local_command.add_chief(cluster, spec)
     runner = orchestrator.Orchestrator(cluster, chief, stop, max_restarts=spec.max_restarts,
                                        event_log=events.EventLog(spec.model_dir))
-    tracker = chaos.RecoveryTracker()
+    tracker = tracker_lib.RecoveryTracker()
     runner.start()
     pending = list(faults)
     outcome = _inject_until_done(cluster, runner, stop, pending, tracker,
                                  progress_lib.ProgressLog(model_dir))
-  report = chaos.report(tracker.outcomes())
+  report = tracker_lib.report(tracker.outcomes())
   result = {"status": "failed", **report, "reason": outcome.reason,
             # Every process that died, the faults' victims among them (recovery.deaths).
             "deaths": events.summarize(events.EventLog(model_dir).read())["deaths"],
@@ -146,7 +147,7 @@ def _inject_until_done(cluster, runner, stop, pending, tracker, progress) -> orc
         fault = pending.pop(0)
         _inject(cluster, runner, fault)
         tracker.injected(fault, wall_time=time.time(), since_start=elapsed)
-        if fault.back_after is not chaos.NEVER:
+        if fault.back_after is not faults_lib.NEVER:
           restores.append(_Restore(elapsed + fault.back_after, fault))
       for restore in [r for r in restores if r.at <= elapsed]:
         restores.remove(restore)
@@ -154,26 +155,26 @@ def _inject_until_done(cluster, runner, stop, pending, tracker, progress) -> orc
     stop.wait(_POLL_SECONDS)
 
 
-def _inject(cluster, runner, fault: chaos.Fault) -> None:
+def _inject(cluster, runner, fault: faults_lib.Fault) -> None:
   handle = cluster.tasks[fault.target]
   logging.warning("chaos: %s %s (pid %s)", fault.action.name_of_fault, fault.target, handle.pid)
-  if fault.action == chaos.FaultAction.CUT:
+  if fault.action == faults_lib.FaultAction.CUT:
     cluster.partition(fault.target)
     return
-  if fault.action == chaos.FaultAction.STOP:
+  if fault.action == faults_lib.FaultAction.STOP:
     handle.pause()  # The whole task: the chief's coordinator runs in its own session.
     return
   runner.held.add(fault.target)  # Down until its delay is over.
   handle.kill(fault.action.signal)
 
 
-def _bring_back(cluster, runner, fault: chaos.Fault) -> None:
+def _bring_back(cluster, runner, fault: faults_lib.Fault) -> None:
   handle = cluster.tasks[fault.target]
-  if fault.action == chaos.FaultAction.CUT:
+  if fault.action == faults_lib.FaultAction.CUT:
     logging.warning("chaos: link of %s up again", fault.target)
     cluster.heal(fault.target)
     return
-  if fault.action == chaos.FaultAction.STOP:
+  if fault.action == faults_lib.FaultAction.STOP:
     logging.warning("chaos: SIGCONT %s", fault.target)
     handle.resume()
     return

@@ -6,7 +6,7 @@ Definition (the one `tfps chaos` and the soak report):
 
 * kept steps: the global step at the end minus the step at the start. The
   global step counts each scheduled step once and goes back with every
-  restore (`trainer.PSTrainer`, `coordinator.ledger`), so steps trained and
+  restore (`trainer.PSTrainer`, `input.ledger`), so steps trained and
   then lost to a restore, and steps re-run by retried closures, are not in it;
 * fault-free steps per second: the run's own throughput at full speed, the
   steps over the seconds of its full-speed loops together (time between

@@ -43,9 +43,9 @@ import tensorflow as tf
 from tfps.base import files
 from tfps.base import messages
 from tfps.cluster import spec as spec_lib
-from tfps.coordinator import trace_cache as trace_cache_lib
-from tfps.coordinator import warm_up
-from tfps.coordinator import worker_functions
+from tfps.fast_restart import trace_cache as trace_cache_lib
+from tfps.fast_restart import warm_up
+from tfps.fast_restart import worker_functions
 
 RECORD = "failover-graphs.json"
 

@@ -32,6 +32,7 @@ from absl import logging
 import tensorflow as tf
 
 from tfps.base import errors
+from tfps.base import tf_internals
 from tfps.base import messages
 from tfps.base import task_names
 
@@ -66,9 +67,7 @@ def warm_workers(coordinator, calls: Sequence[Call]) -> list[Any]:
   Returns the per-worker values, which the caller must keep: TF holds
   resources weakly and forgets one whose values are gone.
   """
-  # Private, but the one way to run something on a worker's thread before
-  # its closures, again whenever TF takes it back (per-worker datasets use it).
-  workers = list(coordinator._cluster.workers)  # pylint: disable=protected-access
+  workers = tf_internals.coordinator_workers(coordinator)
   return [worker.create_resource(_warm_up_fn(calls, worker.device_name)) for worker in workers]
 
 
@@ -102,7 +101,7 @@ def warm_once(coordinator, calls: Sequence[Call], indices: Sequence[int],
       done(worker.worker_index)
     return warm_up
 
-  workers = [w for w in coordinator._cluster.workers  # pylint: disable=protected-access
+  workers = [w for w in tf_internals.coordinator_workers(coordinator)
              if w.worker_index in set(indices)]
   return [worker.create_resource(once(worker)) for worker in workers]
 

@@ -9,7 +9,7 @@ counting the chief restarts done here too, and tears everything down.
 
 Everything that can be checked before a task starts is checked first: the
 flags (the run spec), the cluster and, for a user experiment, that its
-module imports and has its factory (`tfps.experiment_check`, in a child
+module imports and has its factory (`tfps.commands.experiment_check`, in a child
 process). Whether the factory returns an `Experiment` needs a running
 cluster: the chief's first coordinator exits 2 then, and is not restarted.
 
@@ -34,10 +34,10 @@ from tfps.base import errors
 from tfps.recovery import deaths
 from tfps.recovery import events
 from tfps.base import signals
-from tfps import orchestrator
-from tfps import run_command
-from tfps import run_result
-from tfps import run_spec
+from tfps.recovery import orchestrator
+from tfps.commands import chief
+from tfps.commands import run_result
+from tfps.commands import run_spec
 
 _POLL_SECONDS = 0.5
 
@@ -72,19 +72,19 @@ def check_spec(spec: run_spec.RunSpec, cluster: local.LocalCluster) -> None:
   imported TensorFlow, seconds to minutes later.
   """
   spec.coordinator_config(cluster.spec.for_coordinator())
-  run_command.supervision(spec)
-  api.check_experiment_findable(spec.experiment, spec.experiment_params)
-  check_experiment_loads(spec.experiment)
+  chief.supervision(spec)
+  api.check_experiment_findable(spec.experiment)
+  check_experiment_loads(spec.experiment, spec.experiment_params)
 
 
-def check_experiment_loads(experiment: str) -> None:
-  """A user experiment's module imports and has its factory (a built-in one does)."""
-  if experiment in api.BUILTIN_EXPERIMENTS:
-    return
+def check_experiment_loads(experiment: str, params) -> None:
+  """The experiment's module imports, has its factory and takes `params`
+  (`tfps.commands.experiment_check`, in a child process: the built-in one the same way)."""
   logging.info("checking that experiment %s loads", experiment)
   # Its stderr is the import's chatter (TensorFlow's start-up lines): kept
   # only to explain a check that died without its one line.
-  done = subprocess.run([sys.executable, "-m", "tfps.experiment_check", experiment],
+  done = subprocess.run([sys.executable, "-m", "tfps.commands.experiment_check", experiment,
+                         *(f"{k}={v}" for k, v in params.items())],
                         capture_output=True, stdin=subprocess.DEVNULL, text=True, check=False)
   if done.returncode == errors.ExitCode.USAGE and done.stdout.strip():
     raise errors.UsageError(done.stdout.strip().splitlines()[-1])

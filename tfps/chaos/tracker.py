@@ -1,178 +1,22 @@
-"""Fault schedules for `tfps chaos`, and the report they add up to (pure).
+"""How each fault of a `tfps chaos` run was recovered, and the report they add up to (pure).
 
-A fault is written `TARGET@WHEN:ACTION[+AFTER]`, several comma-separated;
-WHEN is seconds since training started, or `stepN`: once training has
-reached global step N (as the progress log shows), whatever the host's speed:
-
-  worker:1@20:kill+5     SIGKILL worker 1 at t=20 s, start it again 5 s later
-  ps:0@40:term+3         SIGTERM (preemption notice) ps 0, back 3 s later
-  chief:0@60:kill+2      SIGKILL the chief, an orchestrator restarts it 2 s later
-  worker:0@30:stop+10    SIGSTOP worker 0 for 10 s, then SIGCONT
-  worker:1@50:kill+never the worker never comes back
-  ps:0@70:cut+8          cut ps 0's network link for 8 s (virtual hosts only)
-  ps:0@step800:kill+3    SIGKILL ps 0 once step 800 is reached
-
-Times count from the start of training. `random_schedule` draws a seeded
-schedule, spread over the run's steps (or over seconds); whatever the draw,
-it hits at least one worker, one ps and the chief, so the default run
-exercises every row that matters. Faults placed by step always land while
-training runs, on a fast host as on a slow one.
+`RecoveryTracker` follows the faults through the run's progress log; `report`
+is the fault part of the run's JSON line; `soak_summary` adds up several runs
+(`scripts/chaos_soak.py`).
 """
 
 import collections
 import dataclasses
-import enum
-import random
-import signal
 import statistics
 from typing import Sequence
 
+from tfps.chaos import faults as faults_lib
 from tfps.cluster import spec as spec_lib
-from tfps.base import errors
 from tfps.recovery import progress_log as progress_lib
 
-NEVER = None
-
-
-class FaultAction(str, enum.Enum):
-  KILL = "kill"  # SIGKILL
-  TERM = "term"  # SIGTERM: a preemption with notice
-  STOP = "stop"  # SIGSTOP, then SIGCONT after the delay
-  CUT = "cut"  # Network link down, up again after the delay (a partition)
-
-  @property
-  def signal(self) -> int | None:
-    """The signal sent, or None for a network fault."""
-    return {FaultAction.KILL: signal.SIGKILL, FaultAction.TERM: signal.SIGTERM,
-            FaultAction.STOP: signal.SIGSTOP}.get(self)
-
-  @property
-  def name_of_fault(self) -> str:
-    return signal.Signals(self.signal).name if self.signal else "LINK_DOWN"
-
-
-@dataclasses.dataclass(frozen=True, order=True)
-class Fault:
-  """One injected fault. `back_after` is None when the target never returns.
-
-  Injected at `at_step` (once training reached that step) if given, else at
-  `at_seconds` since training started.
-  """
-
-  at_seconds: float
-  target: spec_lib.TaskId
-  action: FaultAction
-  back_after: float | None = 5.0
-  at_step: int | None = None
-
-  def due(self, seconds: float, step: int) -> bool:
-    """Time to inject, `seconds` into training at global step `step`?"""
-    return step >= self.at_step if self.at_step is not None else seconds >= self.at_seconds
-
-  def __post_init__(self):
-    if self.at_seconds < 0:
-      raise errors.UsageError(f"fault {self}: time ({self.at_seconds}) must be >= 0")
-    if self.back_after is NEVER and self.action in (FaultAction.STOP, FaultAction.CUT):
-      raise errors.UsageError(
-          f"fault {self}: a stopped or cut-off task must come back (+SECONDS)")
-    if self.back_after is NEVER and self.target.job != spec_lib.JobType.WORKER:
-      raise errors.UsageError(
-          f"fault {self}: only a worker may never come back (the job needs its ps and chief)")
-    if self.back_after is not NEVER and self.back_after < 0:
-      raise errors.UsageError(f"fault {self}: delay ({self.back_after}) must be >= 0")
-
-  def __str__(self) -> str:
-    after = "never" if self.back_after is NEVER else f"{self.back_after:g}"
-    when = f"step{self.at_step}" if self.at_step is not None else f"{self.at_seconds:g}"
-    return f"{self.target}@{when}:{self.action.value}+{after}"
-
-
-def parse_faults(text: str, cluster: spec_lib.ClusterSpec) -> tuple[Fault, ...]:
-  """Parses `--faults`; every target must exist in `cluster`."""
-  faults = []
-  for item in filter(None, (part.strip() for part in text.split(","))):
-    faults.append(_parse_one(item, cluster))
-  if not faults:
-    raise errors.UsageError(f"--faults: no fault in {text!r}")
-  if len({f.at_step is None for f in faults}) > 1:
-    raise errors.UsageError(f"--faults: {text!r} mixes seconds and steps; use one of the two")
-  return tuple(sorted(faults, key=_order))
-
-
-def _order(fault: Fault) -> tuple:
-  return (fault.at_step or 0, fault.at_seconds, str(fault.target))
-
-
-def _parse_one(item: str, cluster: spec_lib.ClusterSpec) -> Fault:
-  usage = "TARGET@SECONDS|stepN:ACTION[+SECONDS|+never], e.g. worker:1@20:kill+5"
-  target_text, at, rest = item.partition("@")
-  when, colon, action_text = rest.partition(":")
-  action_name, plus, after = action_text.partition("+")
-  if not at or not colon:
-    raise errors.UsageError(f"--faults: {item!r} must look like {usage}")
-  target = spec_lib.TaskId.parse(target_text)
-  if target.index >= cluster.num_tasks(target.job):
-    raise errors.UsageError(f"--faults: {item!r}: no task {target} in this cluster")
-  try:
-    action = FaultAction(action_name)
-  except ValueError:
-    raise errors.UsageError(
-        f"--faults: {item!r}: action {action_name!r} is not kill, term, stop or cut") from None
-  try:
-    at_step = int(when[len("step"):]) if when.startswith("step") else None
-    at_seconds = 0.0 if at_step is not None else float(when)
-    back_after = (NEVER if after == "never" else float(after)) if plus else 5.0
-  except ValueError:
-    raise errors.UsageError(f"--faults: {item!r} must look like {usage}") from None
-  if at_step is not None and at_step < 0:
-    raise errors.UsageError(f"--faults: {item!r}: step ({at_step}) must be >= 0")
-  return Fault(at_seconds, target, action, back_after, at_step=at_step)
-
-
-# Random faults by step fall in this part of the run: after the first loops
-# (a coordinator that trains), early enough that the run's remaining steps
-# see the last one recovered.
-_STEP_SPAN = (0.05, 0.75)
-
-
-def random_schedule(*, seed: int, count: int, duration: float,
-                    cluster: spec_lib.ClusterSpec, never_returns: bool = False,
-                    back_after: float = 5.0, network_faults: bool = False,
-                    train_steps: int | None = None) -> tuple[Fault, ...]:
-  """`count` faults drawn from `seed`, spread over the run's steps or `duration` seconds.
-
-  With `train_steps`, fault i is injected once training reaches a step in
-  the i-th of `count` equal slots of 5-75 % of `train_steps`: a fault waits
-  for the step, and a ps or chief fault rolls training back, so each fault
-  has recovered before the next, and every fault lands while training runs,
-  whatever the host's speed. Without, faults are spread over `duration`
-  seconds. The first three hit a worker, a ps and the chief (in a seeded
-  order); the rest pick any task. With `never_returns`, one worker fault is
-  permanent; with `network_faults` (virtual hosts), link cuts are drawn too.
-  """
-  if count < 3:
-    raise errors.UsageError(f"fault count ({count}) must be >= 3 (a worker, a ps, the chief)")
-  rng = random.Random(seed)
-  tasks = list(cluster.for_coordinator().tasks())
-  jobs = [spec_lib.JobType.WORKER, spec_lib.JobType.PS, spec_lib.JobType.CHIEF]
-  rng.shuffle(jobs)
-  targets = [rng.choice([t for t in tasks if t.job == job]) for job in jobs]
-  targets += [rng.choice(tasks) for _ in range(count - 3)]
-  slot = duration / count
-  low, high = (train_steps * _STEP_SPAN[0], train_steps * _STEP_SPAN[1]) if train_steps else (0, 0)
-  faults = []
-  for i, target in enumerate(targets):
-    fraction = rng.uniform(0.1, 0.4)
-    action = rng.choice([a for a in FaultAction if a != FaultAction.CUT or network_faults])
-    if train_steps:
-      at_step = int(low + (high - low) / count * (i + fraction))
-      faults.append(Fault(0.0, target, action, back_after, at_step=at_step))
-    else:
-      faults.append(Fault(round(slot * (i + fraction), 1), target, action, back_after))
-  if never_returns:
-    i = next(i for i, f in enumerate(faults) if f.target.job == spec_lib.JobType.WORKER)
-    faults[i] = dataclasses.replace(faults[i], action=FaultAction.KILL, back_after=NEVER)
-  return tuple(sorted(faults, key=_order))
+Fault = faults_lib.Fault
+FaultAction = faults_lib.FaultAction
+NEVER = faults_lib.NEVER
 
 
 @dataclasses.dataclass(frozen=True)
@@ -356,7 +200,7 @@ def soak_summary(results: Sequence[dict | None]) -> dict:
   A run counts as finished only with status "ok" (every fault recovered and
   every end-of-run check passed). Recovery seconds are pooled over runs,
   overall and per kind of fault. Goodput is pooled as the runs' fault-free
-  time for what they kept over their wall time together (`recovery.goodput`),
+  time for what they kept over their wall time together (`chaos.goodput`),
   so a long run weighs more than a short one.
   """
   faults = [f for r in results if r for f in r.get("faults", ())]

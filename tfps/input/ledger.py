@@ -27,7 +27,7 @@ Order: the next chunk comes from the shard with the fewest batches handed out
 in this epoch (lowest index first), so shards advance together and a chunk
 usually starts a shard (`start` 0), which is free to position; a chunk that
 starts inside a shard skips `start` batches first (see
-`tfps.coordinator.positioned`).
+`tfps.input.positioned`).
 
 Pure Python (no TensorFlow): decisions are tested on their own, and the
 state is a small JSON document (`to_json`/`from_json`).

@@ -6,7 +6,7 @@ import yaml
 
 from tfps.cluster import k8s
 from tfps.base import errors
-from tfps import run_spec
+from tfps.commands import run_spec
 
 # Settings the manifest renders itself (the model volume, the pods' grace).
 _MANIFEST_OWN = frozenset({"model_dir", "grace_seconds"})

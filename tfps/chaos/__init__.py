@@ -1,0 +1,1 @@
+"""Faults on purpose and how a run is judged: fault schedules, recovery tracking, goodput."""

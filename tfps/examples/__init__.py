@@ -1,0 +1,1 @@
+"""Experiments that ship with tfps, written as a user's would be."""

@@ -1,0 +1,1 @@
+"""What makes a new coordinator train within seconds: stored traces, cached graphs, warm-up."""

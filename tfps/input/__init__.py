@@ -1,0 +1,1 @@
+"""The training input's position: shards, the ledger, positioned per-worker datasets."""
