@@ -1,6 +1,6 @@
 """How often each example was trained on, after a run with and without faults.
 
-Runs the `counting` experiment (tests/input_experiments.py: a finite dataset
+Runs the `counting` experiment (tests/support/experiments/input_experiments.py: a finite dataset
 of ids, each step adds 1 to a checkpointed `counts[id]` for every id of its
 batch) for one epoch on a local cluster (1 ps, 2 workers, a supervised
 chief), twice: without faults, and with a ps SIGKILL at a third of the epoch
@@ -27,7 +27,7 @@ from absl import flags
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS = os.path.join(ROOT, "tests")
+TESTS = os.path.join(ROOT, "tests", "support", "experiments")
 sys.path.insert(0, TESTS)
 
 from tfps.cluster import local  # pylint: disable=wrong-import-position

@@ -4,14 +4,13 @@ A user's own `cluster/` or `recovery.py` (common names) must not shadow
 tfps's parts, and the user API is importable from `tfps` itself.
 """
 
-import os
 import subprocess
 import sys
 import zipfile
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.paths import REPO
 
 
 def _python(code, cwd, **env):
@@ -36,6 +35,7 @@ def test_no_generic_top_level_module_is_installed(tmp_path, name):
   assert result.returncode != 0 and "ModuleNotFoundError" in result.stderr, result.stderr
 
 
+@pytest.mark.tf
 def test_a_users_own_cluster_and_recovery_do_not_shadow_tfps(tmp_path):
   (tmp_path / "cluster").mkdir()
   (tmp_path / "cluster" / "__init__.py").write_text("raise ImportError('the user cluster')\n")

@@ -3,7 +3,7 @@
 import os
 import re
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.paths import REPO as ROOT
 
 
 def _read(*path):

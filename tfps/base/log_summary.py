@@ -34,7 +34,7 @@ from typing import Callable
 from tfps.base import task_names
 
 # A log record starts with one of these headers; other lines continue it.
-# TF C++: "2026-01-01 12:00:00.123456: E tensorflow/...cc:123] message"
+# TF C++: "YYYY-MM-DD hh:mm:ss.ffffff: E tensorflow/...cc:123] message"
 # glog/absl (C++ and Python): "E1121 12:00:00.123456 1234 file.py:123] message"
 # Python logging's default: "ERROR:tensorflow:message"
 _HEADER = re.compile(

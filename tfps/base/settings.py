@@ -54,6 +54,10 @@ RUN_SETTINGS = (
             'about one closure of batches each, at most 256).'),
     Setting("steps_per_loop", "training", "integer", 200,
             'Steps per Orbit loop (progress/summary cadence).'),
+    Setting("max_closure_seconds", "training", "float", 0.5,
+            "Longest a closure should run, in seconds (0: no bound): where steps are slow, "
+            "closures hold fewer of them than --steps_per_closure, so that the closure a "
+            "lost worker was running costs about this much to run again elsewhere."),
     Setting("steps_per_closure", "training", "integer", 50,
             'Steps in one remote closure on a worker.'),
     Setting("fast_start", "training", "bool", True,
@@ -139,6 +143,7 @@ class LoopSettings:
   input_shards: int | None = DEFAULTS["input_shards"]
   steps_per_loop: int = DEFAULTS["steps_per_loop"]
   steps_per_closure: int = DEFAULTS["steps_per_closure"]
+  max_closure_seconds: float = DEFAULTS["max_closure_seconds"]
   fast_start: bool = DEFAULTS["fast_start"]
   trace_cache: bool = DEFAULTS["trace_cache"]
   checkpoint_interval: int = DEFAULTS["checkpoint_interval"]

@@ -286,8 +286,9 @@ class Tfps(_Distributed):
                steps_per_closure: int, unroll: int = trainer_lib.DEFAULT_UNROLL):
     super().__init__(runtime, params, batch_size=batch_size, seed=seed)
     # Written out from the first loop (the default): the windows time the steady closure.
-    self._trainer = trainer_lib.PSTrainer(self.experiment.trainer, self.runtime,
-                                          steps_per_closure=steps_per_closure, unroll=unroll)
+    self._trainer = trainer_lib.PSTrainer(
+        self.experiment.trainer, self.runtime,
+        trainer_lib.LoopOptions(steps_per_closure=steps_per_closure, unroll=unroll))
     self._controller = _controller(self._trainer, self.global_step, steps_per_loop,
                                    runtime.strategy)
 

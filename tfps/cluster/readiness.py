@@ -9,6 +9,7 @@ Every wait here has a deadline; on timeout the error names the tasks that
 never answered.
 """
 
+import enum
 import threading
 import time
 from typing import Iterable
@@ -43,13 +44,28 @@ def is_reachable(address: str, timeout: float) -> bool:
 _FRESH_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)
 
 
+class Answer(str, enum.Enum):
+  """What a task's port said to one probe."""
+
+  READY = "ready"  # Its gRPC server answered.
+  REFUSED = "refused"  # The connection failed at once: nothing listens (the process is gone).
+  SILENT = "silent"  # Neither, within the timeout: paused, cut off, or not up yet.
+
+
 def reachable(cluster: spec_lib.ClusterSpec, tasks: list[spec_lib.TaskId],
               timeout: float) -> set[spec_lib.TaskId]:
-  """Probes `tasks` in parallel; returns those READY within `timeout` s (one round).
+  """Probes `tasks` in parallel; returns those READY within `timeout` s (one round)."""
+  return {task for task, answer in answers(cluster, tasks, timeout).items()
+          if answer == Answer.READY}
+
+
+def answers(cluster: spec_lib.ClusterSpec, tasks: list[spec_lib.TaskId],
+            timeout: float) -> dict[spec_lib.TaskId, Answer]:
+  """Probes `tasks` in parallel; what each said within `timeout` s (one round).
 
   Returns as soon as every task has answered or refused: a task whose
   connection fails at once (TRANSIENT_FAILURE: nothing listens, the process
-  is gone) is unreachable without waiting out the timeout; only a task that
+  is gone) is REFUSED without waiting out the timeout; only a task that
   neither answers nor refuses (paused, or cut off) costs the whole timeout.
   """
   # A channel of its own subchannel pool connects afresh: from the global
@@ -76,7 +92,8 @@ def reachable(cluster: spec_lib.ClusterSpec, tasks: list[spec_lib.TaskId],
     with changed:
       while len(settled) < len(channels) and (left := end - time.monotonic()) > 0:
         changed.wait(left)
-      return {task for task, ready in settled.items() if ready}
+      return {task: (Answer.SILENT if task not in settled
+                     else Answer.READY if settled[task] else Answer.REFUSED) for task in tasks}
   finally:
     # Closing a channel waits out grpc's connectivity poll (a 0.2 s deadline
     # per watch), so closing here made every probe cost 0.2 s a task even

@@ -156,17 +156,16 @@ class RunSpec(settings.LoopSettings):
     return out
 
 
+# The coordinator's: its loop's settings (shared field for field) and these.
 _CHIEF_FIELDS = ("experiment", "experiment_params", "mode", "train_steps", "train_epochs",
-                 "input_shards", "steps_per_loop", "steps_per_closure", "fast_start",
-                 "trace_cache",
-                 "checkpoint_interval", "async_checkpoint", "max_to_keep", "eval_steps",
-                 "eval_interval", "eval_shards", "global_batch_size", "seed", "ready_timeout")
+                 *(f.name for f in dataclasses.fields(settings.LoopSettings)))
 _POSITIVE_INTS = ("train_steps", "train_epochs", "input_shards", "steps_per_loop",
                   "steps_per_closure", "checkpoint_interval", "max_to_keep", "eval_steps",
                   "eval_interval", "eval_shards", "global_batch_size")
 _SECONDS = {"ready_timeout": "positive", "restart_window": "positive",
             "cluster_wait_seconds": "positive", "worker_timeout": "positive",
-            "grace_seconds": "positive", "ps_timeout": ">= 0", "ps_readmit_after": ">= 0"}
+            "grace_seconds": "positive", "ps_timeout": ">= 0", "ps_readmit_after": ">= 0",
+            "max_closure_seconds": ">= 0"}
 FIELDS = tuple(f.name for f in dataclasses.fields(RunSpec))
 
 

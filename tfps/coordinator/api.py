@@ -176,6 +176,8 @@ class CoordinatorConfig(settings.LoopSettings):
       runtime choose (input.positioned).
     steps_per_loop: steps per Orbit train loop (one progress line each).
     steps_per_closure: at most this many steps per remote closure.
+    max_closure_seconds: fewer steps per closure where steps are slower, so that
+      a closure runs about this long at most (`recovery.closure_plan`); 0: no bound.
     checkpoint_interval: save every this many steps (and at the end).
     async_checkpoint: write checkpoints in the background from an in-memory
       snapshot on each ps (`checkpoints.Manager`).
@@ -260,6 +262,10 @@ class CoordinatorConfig(settings.LoopSettings):
     if isinstance(self.ready_timeout, bool) or not isinstance(self.ready_timeout, (int, float)) \
         or not 0 < self.ready_timeout < float("inf"):
       raise errors.UsageError(f"ready_timeout ({self.ready_timeout!r}) must be positive seconds")
+    if isinstance(self.max_closure_seconds, bool) or not isinstance(
+        self.max_closure_seconds, (int, float)) or not 0 <= self.max_closure_seconds < float("inf"):
+      raise errors.UsageError(
+          f"max_closure_seconds ({self.max_closure_seconds!r}) must be >= 0 seconds")
     if self.ps_timeout is not None and (
         isinstance(self.ps_timeout, bool) or not isinstance(self.ps_timeout, (int, float))
         or not 0 < self.ps_timeout < float("inf")):

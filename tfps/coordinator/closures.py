@@ -6,12 +6,12 @@
   closure at full speed), traced with its shape fixed: steps written out
   `unroll` at a time, `n % unroll` (or `unroll`) of them first, then a while
   loop whose every iteration runs `unroll` more. With the defaults (50 and
-  50) it has no loop at all, the cheapest form per step measured, and the
-  dearest to make ready: tracing it and instantiating it on the workers
-  stops training for ~9 s on 2 cores;
+  50) it has no loop at all, the cheapest form per step, and the dearest
+  to make ready: training stops while it is traced and instantiated on the
+  workers;
 * the fast-start closure of the same size, built the same way with
   `FAST_UNROLL` steps per loop iteration: ready in a fraction of that time
-  and ~4 % slower per step (docs/recovery.md "Fast start");
+  and a few percent slower per step (figures: docs/recovery.md "Fast start");
 * every other size (a loop's last closure, or closures shrunk so that each
   worker gets one): one step per loop iteration, traced once for all sizes.
 
@@ -33,9 +33,8 @@ writes out from the next loop (at once when that is 0) if the training left
 repays it. The write-out is in the foreground: the next loop traces it, and
 every worker instantiates it before its first such closure, all at once.
 (Tracing it in a background thread beside training was never the better
-choice on 2 cores: there the trace and a worker-by-worker warm-up took
-~2.5x as long and slowed training to ~0.55x; docs/recovery.md "Fast
-start".) Warm workers: before the first loop of each kind, a per-worker
+choice on 2 cores: the trace and a worker-by-worker warm-up took longer and
+slowed training more than the stop costs; docs/recovery.md "Fast start".) Warm workers: before the first loop of each kind, a per-worker
 resource has every worker instantiate that kind's closures before its
 first closure, and has TF do it again on a worker it takes back after a
 restart, before it hands that worker a closure: no loop waits for a cold
@@ -43,6 +42,7 @@ worker after that. The steps and their order are the same in every
 closure; only their cost changes.
 """
 
+import enum
 import threading
 import time
 from typing import Any, Callable
@@ -56,29 +56,83 @@ from tfps.fast_restart import trace_cache as trace_cache_lib
 from tfps.fast_restart import warm_up
 from tfps.fast_restart import worker_functions
 
+class ClosureKind(str, enum.Enum):
+  """The train closures a loop schedules (see the module docstring); the values name
+  their stored traces."""
+
+  FULL = "full"  # Of the full size, written out.
+  FAST = "fast"  # Of the full size, a few steps per loop iteration: the fast start.
+  OTHER = "other"  # Any other size: one step per loop iteration.
+
+  def __str__(self) -> str:
+    return self.value
+
+
+Kind = ClosureKind
+
 # A positioned closure's arguments for a warm-up (nothing is read), and their specs.
 _SKIP_SPECS = (tf.TensorSpec([], tf.bool), tf.TensorSpec([], tf.int64),
                tf.TensorSpec([], tf.int64))
 # Each kind's positioned arguments: the other sizes' take their size second.
-_SPECS = {"full": _SKIP_SPECS, "fast": _SKIP_SPECS,
-          "other": (_SKIP_SPECS[0], tf.TensorSpec([], tf.int32), *_SKIP_SPECS[1:])}
+_SPECS = {Kind.FULL: _SKIP_SPECS, Kind.FAST: _SKIP_SPECS,
+          Kind.OTHER: (_SKIP_SPECS[0], tf.TensorSpec([], tf.int32), *_SKIP_SPECS[1:])}
 
 
-# Steps per loop iteration of the fast-start closure. Measured on the ctr
-# (fault-free, 2 cores): 1 runs at ~0.78x the written-out closure's speed,
-# 2-3 at ~0.9x, 5 at ~0.96x, ready in ~3.5 s against ~11 s written out.
+# Steps per loop iteration of the fast-start closure: the fewest that run
+# nearly as fast as the written-out closure while staying quick to trace
+# (measured for 1 to 5: docs/recovery.md "Fast start").
 FAST_UNROLL = 5
 
 
 class TrainClosures:
-  """The written-out, fast-start and looped closures, over `make_iterator(*source)`."""
+  """The written-out, fast-start and looped closures, over `make_iterator(*source)`.
+
+  The full size may be chosen after the closures for other sizes are in use
+  (`choose_full_size`): a trainer that does not know its step time yet
+  measures it with one-step closures first.
+  """
 
   def __init__(self, train_step: Callable[[Any], Any], make_iterator: Callable[..., Any], *,
-               full_size: int, unroll: int, what: str, fast_unroll: int = FAST_UNROLL,
+               unroll: int, what: str, full_size: int | None = None,
+               fast_unroll: int = FAST_UNROLL,
                cache: trace_cache_lib.TraceCache | None = None, variables_root: Any = None):
-    """`cache`: where traces are stored and found (positioned arguments only);
+    """`full_size`: the written-out closure's steps (None: `choose_full_size` later);
+    `cache`: where traces are stored and found (positioned arguments only);
     `variables_root` tracks every variable the closures capture (`trace_cache`)."""
+    self._train_step, self._make_iterator = train_step, make_iterator
+    self._unroll, self._fast_unroll, self._what = unroll, fast_unroll, what
+
+    def other_closure(train, num_steps, *source):
+      def steps():
+        iterator = make_iterator(*source)
+        sums = step_logs.start(train_step(iterator), what)
+        for _ in tf.range(num_steps - 1):
+          sums = step_logs.add(sums, train_step(iterator), what)
+        return sums
+      return warm_up.train_or_skip(train, steps)
+
+    self._functions = {Kind.OTHER: tf.function(worker_functions.named(other_closure,
+                                                                   "other_closure"))}
+    self.full_size: int | None = None
+    self.has_fast_start = False
+    self._train = tf.constant(True)
+    self._cache = None
+    self._variables_root = None
+    self._concrete: dict[str, Any] = {}
+    self._stored: set[str] = set()  # Kinds rebuilt from the cache, not traced here.
+    self._missing: set[str] = set()  # Kinds the cache has no valid trace of.
+    if full_size is not None:
+      self.choose_full_size(full_size, cache=cache, variables_root=variables_root)
+
+  def choose_full_size(self, full_size: int, *, cache: trace_cache_lib.TraceCache | None = None,
+                       variables_root: Any = None) -> None:
+    """Makes the written-out and fast-start closures of `full_size` steps (once), and
+    from now on keeps every kind's trace in `cache`."""
+    if self.full_size is not None:
+      raise RuntimeError(f"the full size is {self.full_size} already")
     self.full_size = full_size
+    unroll, what = self._unroll, self._what
+    train_step, make_iterator = self._train_step, self._make_iterator
 
     def of_full_size(unroll: int, name: str):
       peeled = full_size % unroll or min(unroll, full_size)
@@ -101,33 +155,20 @@ class TrainClosures:
       full_closure.__name__ = worker_functions.traced(name)
       return full_closure
 
-    def other_closure(train, num_steps, *source):
-      def steps():
-        iterator = make_iterator(*source)
-        sums = step_logs.start(train_step(iterator), what)
-        for _ in tf.range(num_steps - 1):
-          sums = step_logs.add(sums, train_step(iterator), what)
-        return sums
-      return warm_up.train_or_skip(train, steps)
-
     # No fast start where the written-out closure is no dearer.
-    self.has_fast_start = min(unroll, full_size) > fast_unroll
-    self._functions = {"full": tf.function(of_full_size(unroll, "full_closure")),
-                       "other": tf.function(worker_functions.named(other_closure,
-                                                                   "other_closure"))}
+    self.has_fast_start = min(unroll, full_size) > self._fast_unroll
+    self._functions[Kind.FULL] = tf.function(of_full_size(unroll, "full_closure"))
     if self.has_fast_start:
-      self._functions["fast"] = tf.function(of_full_size(fast_unroll, "fast_closure"))
-    self._train = tf.constant(True)
+      self._functions[Kind.FAST] = tf.function(of_full_size(self._fast_unroll,
+                                                             "fast_closure"))
     self._cache = cache
     self._variables_root = variables_root
-    self._concrete: dict[str, Any] = {}
-    self._stored: set[str] = set()  # Kinds rebuilt from the cache, not traced here.
-    self._missing: set[str] = set()  # Kinds the cache has no valid trace of.
 
-  def _kind(self, kind: str) -> str:
-    return "full" if kind == "fast" and not self.has_fast_start else kind
+  def _kind(self, kind: "ClosureKind | str") -> ClosureKind:
+    kind = Kind(kind)
+    return Kind.FULL if kind == Kind.FAST and not self.has_fast_start else kind
 
-  def _load(self, kind: str, stored_here: bool = False) -> bool:
+  def _load(self, kind: ClosureKind, stored_here: bool = False) -> bool:
     """Rebuilds `kind` from the cache once, if stored there; whether it now is."""
     if kind not in self._stored and kind not in self._missing and self._cache is not None:
       function = self._cache.load(kind, _SPECS[kind], self._variables_root)
@@ -140,7 +181,7 @@ class TrainClosures:
           logging.info("%s closure rebuilt from the trace an earlier coordinator stored", kind)
     return kind in self._stored
 
-  def concrete(self, kind: str):
+  def concrete(self, kind: "ClosureKind | str"):
     """The `ConcreteFunction` of `kind` (full, fast or other), rebuilt or traced once."""
     kind = self._kind(kind)
     if not self._load(kind) and kind not in self._concrete:
@@ -154,19 +195,22 @@ class TrainClosures:
   def write_out_stored(self) -> bool:
     """Whether an earlier coordinator's traces make the write-out cheap (rebuilds
     them if so; traces nothing)."""
-    return self.has_fast_start and self._load("full") and self._load("other")
+    return self.has_fast_start and self._load(Kind.FULL) and self._load(Kind.OTHER)
 
-  def _scheduled(self, kind: str):
+  def _scheduled(self, kind: ClosureKind):
     # Without a cache, the tf.function: schedule() traces it for its arguments
     # (an iterator, without positioned input).
     return self.concrete(kind) if self._cache is not None else self._functions[self._kind(kind)]
 
   def schedule(self, coordinator, size: int, written_out: bool, source: tuple[Any, ...]):
     """Schedules a closure of `size` steps: of full size, written out or fast-start."""
+    if self.full_size is None:  # Not chosen yet: not kept in the cache either.
+      return coordinator.schedule(self._functions[Kind.OTHER],
+                                  args=(self._train, tf.constant(size, tf.int32), *source))
     if size == self.full_size:
-      function = self._scheduled("full" if written_out else "fast")
+      function = self._scheduled(Kind.FULL if written_out else Kind.FAST)
       return coordinator.schedule(function, args=(self._train, *source))
-    return coordinator.schedule(self._scheduled("other"),
+    return coordinator.schedule(self._scheduled(Kind.OTHER),
                                 args=(self._train, tf.constant(size, tf.int32), *source))
 
   def warm_calls(self, written_out: bool = True) -> list[warm_up.Call]:
@@ -176,9 +220,9 @@ class TrainClosures:
     """
     skip = _skip()
     if not written_out:
-      return [(self.concrete("fast"), skip)]
-    return [(self.concrete("full"), skip),
-            (self.concrete("other"), (skip[0], tf.constant(1, tf.int32), *skip[1:]))]
+      return [(self.concrete(Kind.FAST), skip)]
+    return [(self.concrete(Kind.FULL), skip),
+            (self.concrete(Kind.OTHER), (skip[0], tf.constant(1, tf.int32), *skip[1:]))]
 
 
   @property
@@ -190,7 +234,7 @@ class TrainClosures:
     """The written-out closure as a coordinator of `cache`'s key and cluster rebuilds
     it from its stored trace, bound to `variables` (stand-ins: `failover_graphs`),
     called to run no step; None if no stored trace fits."""
-    function = cache.load("full", _SPECS["full"], None, variables=variables)
+    function = cache.load(Kind.FULL, _SPECS[Kind.FULL], None, variables=variables)
     return None if function is None else (function, _skip())
 
 

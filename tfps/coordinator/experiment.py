@@ -75,23 +75,24 @@ class ExperimentContext:
     object.__setattr__(self, "params", types.MappingProxyType(dict(self.params)))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Experiment:
-  """What an experiment factory returns.
+  """What an experiment factory returns (keyword arguments only).
 
   Attributes:
     trainer: an `orbit.AbstractTrainer`, usually a plain `StandardTrainer`;
-      None for an evaluation-only experiment.
-    evaluator: an optional `orbit.AbstractEvaluator`, usually a plain
-      `StandardEvaluator` keeping its results in tf_keras metrics.
+      None (the default) for an evaluation-only experiment.
+    evaluator: an `orbit.AbstractEvaluator`, usually a plain
+      `StandardEvaluator` keeping its results in tf_keras metrics; None (the
+      default) for a train-only experiment.
     checkpoint_items: name -> trackable (model, optimizer, ...) to checkpoint.
     global_step: the integer `tf.Variable` the trainer increments once per
       step (`orbit.utils.create_global_step()` or a tf_keras optimizer's
       `iterations`); it is checkpointed too.
   """
 
-  trainer: orbit.AbstractTrainer | None
-  evaluator: orbit.AbstractEvaluator | None
+  trainer: orbit.AbstractTrainer | None = None
+  evaluator: orbit.AbstractEvaluator | None = None
   checkpoint_items: Mapping[str, Any]
   global_step: tf.Variable
 

@@ -6,7 +6,7 @@ may end a few steps short of its boundary: when its planned closures are
 scheduled and only a shard's tail is left (the default shards hold 49 or 50
 batches of a loop's 4 closures of 50), a fifth closure for those few steps
 would cost the loop its dispatch, a new input iterator and the tail of the
-join, ~7 % of the loop. The loop ends there instead (`PSTrainer`'s
+join (a few percent of the loop: docs/input.md). The loop ends there instead (`PSTrainer`'s
 `loop_slack`), and the boundary counts as reached when the step is within
 `slack` of it: the save follows, and the next loop aims at the boundary
 after. The steps left over are trained in the next loop; nothing is skipped.

@@ -1,7 +1,10 @@
 """The coordinator's deadline on its parameter servers.
 
-A ps that dies refuses connections: TF raises UnavailableError within
-seconds and the coordinator exits 170 (see `chief`). A ps cut off by a
+A ps that dies refuses connections, and TF raises UnavailableError to the
+next call that touches it: but only once the coordinator's main thread gets
+there, which can be seconds later (it may be tracing a closure, or joining
+closures that wait for a warm-up), and a ps that comes back at once holds
+none of its variables and raises nothing until one is read. A ps cut off by a
 network partition, or a chief cut off from everyone, refuses nothing: its
 packets are dropped, TCP retransmits for many minutes, and TF's RPCs wait
 all that time, and `join()` and checkpoint saves with them (measured on
@@ -9,9 +12,13 @@ virtual hosts: docs/partitions.md). Training would stall without a word.
 
 `PsDeadline` is a thread that probes every ps (and, to say what happened,
 every worker) on gRPC from the chief's own network, every `interval`
-seconds. Once a ps has not answered for `timeout` seconds in a row, this is
-a ps loss: one line on stderr and in the exit report (which the supervisor
-puts in the event log), then the process ends at once with exit 170
+seconds. A ps is lost when it has not answered for `timeout` seconds in a
+row (silent: partitioned or hung), when it refused connections in
+`refusals` rounds in a row (its process is gone: `recovery.overdue`), or
+when it answers but no longer holds its sentinel variable (it came back
+empty: `state_lost`). Then: one line on stderr and in the exit report
+(which the supervisor puts in the event log), and the process ends at once
+with exit 170
 (`os._exit`: the main thread is stuck inside TF and cannot be unwound; what
 matters is on disk already: the checkpoints, and the progress and event
 logs, written a line at a time). The supervisor then waits for the cluster
@@ -58,16 +65,21 @@ class PsDeadline:
   """
 
   def __init__(self, cluster: spec_lib.ClusterSpec, timeout: float, *,
-               interval: float = 1.0,
-               probe: Callable[[list[spec_lib.TaskId]], set] | None = None,
+               interval: float = 1.0, refusals: int = 2,
+               probe: Callable[[list[spec_lib.TaskId]], dict] | None = None,
+               state_lost: Callable[[spec_lib.TaskId], str | None] | None = None,
                on_overdue: Callable[[str], None] = _exit_lost,
                clock: Callable[[], float] = time.monotonic):
+    """`probe(tasks)`: each task's `readiness.Answer`; `state_lost(ps)`: why an
+    answering ps no longer holds its state (None: it does)."""
     self._cluster = cluster
     self._ps = [t for t in cluster.tasks() if t.job == spec_lib.JobType.PS]
     self._workers = [t for t in cluster.tasks() if t.job == spec_lib.JobType.WORKER]
     self._overdue = overdue_lib.Overdue(self._ps, timeout)
+    self._refusals = overdue_lib.Refusals(self._ps, refusals)
+    self._state_lost = state_lost or (lambda task: None)
     self._interval = interval
-    self._probe = probe or (lambda tasks: readiness.reachable(cluster, tasks, _PROBE_SECONDS))
+    self._probe = probe or (lambda tasks: readiness.answers(cluster, tasks, _PROBE_SECONDS))
     self._on_overdue = on_overdue
     self._clock = clock
     self._stopped = threading.Event()
@@ -83,13 +95,30 @@ class PsDeadline:
 
   def _run(self) -> None:
     while not self._stopped.wait(self._interval):
-      reachable = self._probe(self._ps + self._workers)
+      answers = self._probe(self._ps + self._workers)
       if self._stopped.is_set():
         return  # The run ended while we probed: nothing to judge.
+      reachable = {t for t, a in answers.items() if a == readiness.Answer.READY}
       overdue = self._overdue.update(reachable, self._clock())
       if overdue:
         self._on_overdue(self._message(overdue, reachable))
         return
+      gone = self._refusals.update({t for t, a in answers.items()
+                                    if a == readiness.Answer.REFUSED})
+      if gone:
+        names = ", ".join(f"{t} ({self._cluster.address(t)})" for t in gone)
+        self._on_overdue(
+            f"lost the cluster: {names} refused connections {self._refusals.rounds} times in "
+            f"a row (its process is gone, and its variables with it); exiting "
+            f"{int(errors.ExitCode.CLUSTER_LOST)} to restart from the latest checkpoint")
+        return
+      for task in (t for t in self._ps if t in reachable):
+        why = self._state_lost(task)
+        if why is not None:
+          self._on_overdue(f"lost the cluster: {why}; exiting "
+                           f"{int(errors.ExitCode.CLUSTER_LOST)} to restart from the latest "
+                           "checkpoint")
+          return
 
   def _message(self, overdue: list[spec_lib.TaskId], reachable: set) -> str:
     names = ", ".join(f"{t} ({self._cluster.address(t)})" for t in overdue)

@@ -47,10 +47,21 @@ class PsSentinels:
 
   def check(self) -> None:
     """Raises `PsStateLost` naming the first ps whose sentinel cannot be read."""
-    for task, variable in zip(self._ps, self._variables):
-      try:
-        variable.read_value()
-      except tf.errors.OpError as e:
-        raise PsStateLost(
-            f"{task} lost its variables (it restarted, or is down): its sentinel read "
-            f"failed with {type(e).__name__}: {messages.one_line(e.message)}") from e
+    for task in self._ps:
+      why = self.lost(task)
+      if why is not None:
+        raise PsStateLost(why)
+
+  def lost(self, task: spec_lib.TaskId) -> str | None:
+    """Why `task` no longer holds its state (its sentinel read failed); None if it does.
+
+    Safe from another thread (the ps deadline's, which asks only a ps that
+    just answered a probe: a read of a partitioned one would wait).
+    """
+    variable = self._variables[self._ps.index(task)]
+    try:
+      variable.read_value()
+    except tf.errors.OpError as e:
+      return (f"{task} lost its variables (it restarted, or is down): its sentinel read "
+              f"failed with {type(e).__name__}: {messages.one_line(e.message)}")
+    return None

@@ -27,6 +27,7 @@ logged), since stdout carries the command line's JSON result.
 """
 
 import contextlib
+import dataclasses
 import io
 import logging as py_logging
 import os
@@ -150,6 +151,12 @@ def _looped_seconds(config: CoordinatorConfig) -> tuple[float, float]:
                             train_steps=config.train_steps)
 
 
+def _recent_step_seconds(config: CoordinatorConfig, runtime) -> float | None:
+  """A worker's seconds per step in the run's latest loops, for this one's first closures."""
+  records = progress_log.ProgressLog(config.model_dir).read_new()
+  return closure_plan.recent_step_seconds(records, runtime.num_workers)
+
+
 def _trace_cache(config: CoordinatorConfig) -> trace_cache.TraceCache | None:
   """Where the train closures' traces are kept, for what shapes them (`trace_cache`)."""
   if not config.trace_cache:
@@ -168,13 +175,14 @@ def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntim
   evaluator = experiment.evaluator if config.mode != Mode.TRAIN else None
   if isinstance(trainer, orbit.StandardTrainer) and not isinstance(trainer, trainer_lib.PSTrainer):
     looped, looped_if_stored = _looped_seconds(config)
-    trainer = trainer_lib.PSTrainer(trainer, runtime, steps_per_closure=config.steps_per_closure,
-                                    looped_seconds=looped, pause=pause,
-                                    global_step=experiment.global_step,
-                                    input_shards=getattr(config, "input_shards", None),
-                                    loop_slack=ends.slack, trace_cache=_trace_cache(config),
-                                    looped_seconds_stored=looped_if_stored,
-                                    failover_graphs=config.failover_graphs)
+    options = trainer_lib.LoopOptions(
+        steps_per_closure=config.steps_per_closure,
+        max_closure_seconds=config.max_closure_seconds,
+        step_seconds=_recent_step_seconds(config, runtime), input_shards=config.input_shards,
+        loop_slack=ends.slack, looped_seconds=looped, looped_seconds_stored=looped_if_stored,
+        trace_cache=_trace_cache(config), failover_graphs=config.failover_graphs)
+    trainer = trainer_lib.PSTrainer(trainer, runtime, options, pause=pause,
+                                    global_step=experiment.global_step)
   if isinstance(evaluator, orbit.StandardEvaluator):
     evaluator = evaluator_lib.PSEvaluator(evaluator, runtime, num_shards=config.eval_shards)
   return trainer, evaluator
@@ -336,14 +344,74 @@ def _run_chief(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts)
   experiment_lib.check_params(config.experiment, config.experiment_params)
   runtime = strategy_lib.connect(config.cluster, ready_timeout=config.ready_timeout,
                                  min_shard_bytes=config.min_shard_bytes)
-  # From here on every ps must keep answering: a partition hangs TF, not fails it.
-  with (ps_deadline.PsDeadline(runtime.cluster, config.ps_timeout) if config.ps_timeout
-        else contextlib.nullcontext()):
-    return _run_connected(config, interrupts, factory, runtime)
+  with _classified_errors("connecting"):
+    sentinels = ps_state.PsSentinels(runtime.cluster)  # What each ps must keep holding.
+  # From here on every ps must keep answering, and holding its state: a partition
+  # hangs TF, not fails it, and a ps back empty fails only what reads it.
+  with (ps_deadline.PsDeadline(runtime.cluster, config.ps_timeout, state_lost=sentinels.lost)
+        if config.ps_timeout else contextlib.nullcontext()):
+    return _run_connected(config, interrupts, factory, runtime, sentinels)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Parts:
+  """What a connected coordinator runs: the experiment made PS-aware, and around it."""
+
+  experiment: experiment_lib.Experiment
+  trainer: Any  # A PSTrainer (or the experiment's own AbstractTrainer), None in eval mode.
+  evaluator: Any
+  positioned: bool  # The trainer's input keeps its position (input.ledger).
+  ends: loop_ends.LoopEnds
+  manager: checkpoints.Manager
+  guard: loop_guard.LoopGuard
+  measured: progress.MeasuredTrainer | None
+
+  @property
+  def ledger(self):
+    """The input ledger (restored, else measured now); None for endless input."""
+    return self.trainer.ensure_ledger() if self.positioned else None
 
 
 def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts, factory,
-                   runtime: strategy_lib.PSRuntime) -> CoordinatorResult:
+                   runtime: strategy_lib.PSRuntime,
+                   sentinels: ps_state.PsSentinels) -> CoordinatorResult:
+  parts = _prepare(config, interrupts, factory, runtime, sentinels)
+  global_step = parts.experiment.global_step
+  eval_output = None
+  # orbit.Controller prints its log lines on stdout as well as logging them.
+  with contextlib.redirect_stdout(_Discard()), routine_lines_dropped():
+    controller = _Controller(
+        experiment_name=config.experiment, global_step=global_step, trainer=parts.measured,
+        evaluator=parts.evaluator, strategy=runtime.strategy,
+        steps_per_loop=lambda step: parts.ends.next_loop(int(step)),
+        checkpoint_manager=parts.manager, enable_async_checkpointing=config.async_checkpoint,
+        summary_dir=config.model_dir,
+        eval_summary_dir=os.path.join(config.model_dir, "eval"))
+    start_step = int(global_step.numpy())
+    ledger = parts.ledger
+    train_steps = _start(config, parts, controller, start_step, ledger)
+    eval_output = _run_mode(config, parts, controller, runtime, start_step, train_steps)
+    with _classified_errors("writing the last checkpoint"):
+      parts.manager.close()  # Training's last save is on disk before the result says so.
+  measured, manager = parts.measured, parts.manager
+  return CoordinatorResult(
+      status=RunStatus.FINISHED, experiment=config.experiment, mode=config.mode,
+      global_step=int(global_step.numpy()), start_step=start_step,
+      train_steps=train_steps,
+      examples_per_sec=measured.examples_per_sec if measured else 0.0,
+      steps_per_sec=measured.steps_per_sec if measured else 0.0,
+      train_seconds=measured.seconds if measured else 0.0,
+      eval=_floats(eval_output), checkpoint=manager.latest_checkpoint,
+      model_dir=config.model_dir, input=_input_summary(parts.trainer, ledger),
+      checkpoint_saves=manager.saves,
+      checkpoint_stall_seconds=round(manager.stall_seconds, 3),
+      checkpoint_saves_skipped=manager.saves_skipped)
+
+
+def _prepare(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts, factory,
+             runtime: strategy_lib.PSRuntime, sentinels: ps_state.PsSentinels) -> _Parts:
+  """The experiment built in the strategy's scope and made PS-aware, its checkpoint
+  manager, the loop guard and the measured trainer."""
   context = experiment_lib.ExperimentContext(
       strategy=runtime.strategy, coordinator=runtime.coordinator,
       model_dir=config.model_dir, global_batch_size=config.global_batch_size,
@@ -368,8 +436,6 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
       before_save=[trainer.input_state.capture] if positioned else [],
       max_to_keep=config.max_to_keep, step_counter=global_step,
       checkpoint_interval=config.checkpoint_interval, save_due=ends.save_due)
-  with _classified_errors("preparing the experiment"):
-    sentinels = ps_state.PsSentinels(runtime.cluster)
   guard = loop_guard.LoopGuard(interrupts=interrupts, manager=manager,
                                global_step=global_step, cluster=runtime.cluster,
                                model_dir=config.model_dir, sentinels=sentinels,
@@ -381,68 +447,57 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
         batch_size=config.global_batch_size,
         on_loop=lambda step: guard.after_loop(step, getattr(trainer, "last_loop", None),
                                               trainer.ledger if positioned else None))
+  return _Parts(experiment=experiment, trainer=trainer, evaluator=evaluator,
+                positioned=positioned, ends=ends, manager=manager, guard=guard,
+                measured=measured)
 
+
+def _start(config: CoordinatorConfig, parts: _Parts, controller, start_step: int,
+           ledger) -> int:
+  """Where this coordinator starts, told to everyone; returns the step to train to."""
+  train_steps = _train_steps(config, ledger)
+  if parts.measured is not None:
+    parts.measured.target = train_steps
+  if isinstance(parts.trainer, trainer_lib.PSTrainer):
+    parts.trainer.target = train_steps
+  if controller.restored is None and config.mode != Mode.EVAL:
+    # A first checkpoint at the start: later saves then follow the loops
+    # that reach checkpoint boundaries (CheckpointManager always saves its first).
+    parts.manager.save(checkpoint_number=start_step, check_interval=False)
+  # For watchers (tfps chaos/bench) and the event log: a coordinator started
+  # here, at this step (from a checkpoint, or from scratch at 0).
+  parts.guard.account_restore(start_step, ledger.lengths if ledger else None,
+                              ledger.epochs_completed if ledger else 0)
+  if config.mode == Mode.EVAL and controller.restored is None:
+    raise errors.UsageError(
+        f"mode (eval) needs a checkpoint; model_dir ({config.model_dir}) has none")
+  return train_steps
+
+
+def _run_mode(config: CoordinatorConfig, parts: _Parts, controller,
+              runtime: strategy_lib.PSRuntime, start_step: int, train_steps: int):
+  """Trains and evaluates as the mode says; returns the last evaluation's output."""
   eval_output = None
-  # orbit.Controller prints its log lines on stdout as well as logging them.
-  with contextlib.redirect_stdout(_Discard()), routine_lines_dropped():
-    controller = _Controller(
-        experiment_name=config.experiment, global_step=global_step, trainer=measured,
-        evaluator=evaluator, strategy=runtime.strategy,
-        steps_per_loop=lambda step: ends.next_loop(int(step)),
-        checkpoint_manager=manager, enable_async_checkpointing=config.async_checkpoint,
-        summary_dir=config.model_dir,
-        eval_summary_dir=os.path.join(config.model_dir, "eval"))
-    start_step = int(global_step.numpy())
-    ledger = trainer.ensure_ledger() if positioned else None  # Restored, else measured now.
-    train_steps = _train_steps(config, ledger)
-    if measured is not None:
-      measured.target = train_steps
-    if isinstance(trainer, trainer_lib.PSTrainer):
-      trainer.target = train_steps
-    if controller.restored is None and config.mode != Mode.EVAL:
-      # A first checkpoint at the start: later saves then follow the loops
-      # that reach checkpoint boundaries (CheckpointManager always saves its first).
-      manager.save(checkpoint_number=start_step, check_interval=False)
-    # For watchers (tfps chaos/bench) and the event log: a coordinator started
-    # here, at this step (from a checkpoint, or from scratch at 0).
-    guard.account_restore(start_step, ledger.lengths if ledger else None,
-                          ledger.epochs_completed if ledger else 0)
-    if config.mode == Mode.EVAL and controller.restored is None:
-      raise errors.UsageError(
-          f"mode (eval) needs a checkpoint; model_dir ({config.model_dir}) has none")
-    eval_steps = config.eval_steps or -1
-    # Positioned input never reads past a shard's measured end; endless input
-    # can only end when its iterator broke (see `input_cannot_end`).
-    cannot_end = lambda: not positioned and experiment.trainer is not None and input_cannot_end(
-        experiment.trainer.train_dataset, num_workers=runtime.num_workers,
-        num_replicas_in_sync=runtime.strategy.num_replicas_in_sync, steps=train_steps)
-    if config.mode != Mode.EVAL:
-      if start_step >= train_steps:
-        logging.info("already at step %d >= train_steps (%d); nothing to train",
-                     start_step, train_steps)
-      elif config.mode == Mode.TRAIN:
-        with _classified_errors("training", cannot_end):
-          controller.train(steps=train_steps)
-      else:
-        with _classified_errors("training and evaluation", cannot_end):
-          eval_output = controller.train_and_evaluate(
-              train_steps=train_steps, eval_steps=eval_steps,
-              eval_interval=config.eval_interval)
-    if config.mode != Mode.TRAIN and eval_output is None:
-      with _classified_errors("evaluation"):
-        eval_output = controller.evaluate(steps=eval_steps)
-    with _classified_errors("writing the last checkpoint"):
-      manager.close()  # Training's last save is on disk before the result says so.
-
-  return CoordinatorResult(
-      status=RunStatus.FINISHED, experiment=config.experiment, mode=config.mode,
-      global_step=int(global_step.numpy()), start_step=start_step,
-      train_steps=train_steps,
-      examples_per_sec=measured.examples_per_sec if measured else 0.0,
-      steps_per_sec=measured.steps_per_sec if measured else 0.0,
-      train_seconds=measured.seconds if measured else 0.0,
-      eval=_floats(eval_output), checkpoint=manager.latest_checkpoint,
-      model_dir=config.model_dir, input=_input_summary(trainer, ledger),
-      checkpoint_saves=manager.saves,
-      checkpoint_stall_seconds=round(manager.stall_seconds, 3),
-      checkpoint_saves_skipped=manager.saves_skipped)
+  eval_steps = config.eval_steps or -1
+  train_dataset = parts.experiment.trainer.train_dataset if parts.experiment.trainer else None
+  # Positioned input never reads past a shard's measured end; endless input
+  # can only end when its iterator broke (see `input_cannot_end`).
+  cannot_end = lambda: not parts.positioned and train_dataset is not None and input_cannot_end(
+      train_dataset, num_workers=runtime.num_workers,
+      num_replicas_in_sync=runtime.strategy.num_replicas_in_sync, steps=train_steps)
+  if config.mode != Mode.EVAL:
+    if start_step >= train_steps:
+      logging.info("already at step %d >= train_steps (%d); nothing to train",
+                   start_step, train_steps)
+    elif config.mode == Mode.TRAIN:
+      with _classified_errors("training", cannot_end):
+        controller.train(steps=train_steps)
+    else:
+      with _classified_errors("training and evaluation", cannot_end):
+        eval_output = controller.train_and_evaluate(
+            train_steps=train_steps, eval_steps=eval_steps,
+            eval_interval=config.eval_interval)
+  if config.mode != Mode.TRAIN and eval_output is None:
+    with _classified_errors("evaluation"):
+      eval_output = controller.evaluate(steps=eval_steps)
+  return eval_output

@@ -40,6 +40,7 @@ from tfps.cluster import spec as spec_lib
 from tfps.coordinator import api
 from tfps.base import messages
 from tfps.base import errors
+from tfps.base import tf_internals
 
 DEFAULT_MIN_SHARD_BYTES = api.DEFAULT_MIN_SHARD_BYTES
 
@@ -112,6 +113,9 @@ def connect(cluster: spec_lib.ClusterSpec, *, ready_timeout: float,
     raise errors.RetryableError(
         f"could not connect to the cluster: {type(e).__name__}: "
         f"{messages.one_line(e.message)}") from e
+  # A closure a lost worker was running is the one the loop waits for: it runs
+  # next, not after every closure queued behind it.
+  tf_internals.put_back_failed_closures_first(coordinator)
   logging.info("connected to %d ps and %d workers (variables %s)", num_ps,
                cluster.num_tasks(spec_lib.JobType.WORKER),
                f"sharded above {min_shard_bytes} bytes" if partitioner else "not sharded")

@@ -14,7 +14,7 @@ fast-start closure of the same size with a few steps per loop iteration,
 and a looped one for every other size. The steps and their order are those
 of a one-step loop in each; only their cost differs.
 
-    trainer = PSTrainer(MyTrainer(...), runtime, steps_per_closure=50)
+    trainer = PSTrainer(MyTrainer(...), runtime, LoopOptions(steps_per_closure=50))
 
 (the chief does this for every `StandardTrainer` an experiment returns, so
 an experiment never needs to.)
@@ -53,6 +53,7 @@ import contextlib
 import dataclasses
 import math
 import threading
+import time
 from typing import Any, Callable, Mapping
 
 from absl import logging
@@ -72,11 +73,12 @@ from tfps.base import errors
 
 
 # As many as the default steps per closure: a closure of up to 50 steps has
-# no while loop at all, which costs less CPU per step than any loop measured
-# side by side on the ctr benchmark (docs/history/2026-11-23-benchmarks.md).
-# The price is tracing: the first closure takes seconds longer to build, on
-# every coordinator start.
+# no while loop at all, which costs less CPU per step than any loop
+# (docs/benchmarks.md). The price is tracing: the first closure takes longer
+# to build, on every coordinator start.
 DEFAULT_UNROLL = 50
+# Steps per closure of a calibration's last wave (`PSTrainer._calibrate`).
+_CALIBRATION_STEPS = 4
 
 
 def plan_closures(num_steps: int, steps_per_closure: int, num_workers: int) -> list[int]:
@@ -95,6 +97,23 @@ def plan_closures(num_steps: int, steps_per_closure: int, num_workers: int) -> l
   return [size] * full + ([rest] if rest else [])
 
 
+@dataclasses.dataclass
+class _Loop:
+  """One train loop as it is scheduled."""
+
+  start_step: int | None  # The global step before it (None: no step counter).
+  steps: int  # What Orbit asked for.
+  written_out: bool = False  # Its full-size closures are the written-out ones, else fast-start.
+  left: int = -1  # Steps not scheduled yet.
+  scheduled: list = dataclasses.field(default_factory=list)  # (size, remote value).
+  chunks: list = dataclasses.field(default_factory=list)  # Positioned input's.
+  cut_short: bool = False  # An interrupt is pending: no more closures.
+
+  def __post_init__(self):
+    if self.left < 0:
+      self.left = self.steps
+
+
 @dataclasses.dataclass(frozen=True)
 class LoopInput:
   """What one train loop read: its chunks (positioned input) and re-executed steps.
@@ -106,6 +125,64 @@ class LoopInput:
   chunks: tuple[ledger_lib.Chunk, ...] = ()
   reexecuted: int = 0
   looped: bool = False
+
+
+def _positive_int(name: str, value: Any) -> None:
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise errors.UsageError(f"{name} ({value!r}) must be a positive integer")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoopOptions:
+  """How a `PSTrainer` makes and schedules its closures (the chief fills it from its
+  configuration, `coordinator.run`).
+
+  Attributes:
+    steps_per_closure: at most this many steps in one closure.
+    max_closure_seconds: closures hold fewer steps where a step is slower than
+      that allows (`recovery.closure_plan`; 0: no bound).
+    step_seconds: a worker's seconds per step, known before the first loop
+      (the run's recent loops); None: measured at the first loop.
+    unroll: steps per while-loop iteration inside a closure (module docstring).
+    input_shards: shards of a finite input (default: about one closure each).
+    loop_slack: with positioned input and `target` set, a loop whose planned
+      closures are scheduled ends up to this many steps short rather than
+      schedule another closure for a shard's tail (`coordinator.loop_ends`;
+      the Controller then asks for them in the next loop); never the loop
+      that reaches `target`. 0: every loop trains exactly its steps.
+    looped_seconds: with positioned input, train with the fast-start closure
+      this long before writing out the full-size closures
+      (`recovery.closure_plan`; 0: written out from the first loop).
+    looped_seconds_stored: replaces `looped_seconds` when the written-out
+      closures are found in `trace_cache` (a write-out that traces nothing).
+    trace_cache: with positioned input, where the closures' traces are stored
+      for later coordinators and found from earlier ones
+      (`fast_restart.trace_cache`).
+    failover_graphs: with `trace_cache` on 2 ps, have the workers optimize the
+      written-out closure of the cluster a ps failover would leave, after the
+      first loop with this one (`fast_restart.failover_graphs`).
+  """
+
+  steps_per_closure: int
+  max_closure_seconds: float = 0.0
+  step_seconds: float | None = None
+  unroll: int = DEFAULT_UNROLL
+  input_shards: int | None = None
+  loop_slack: int = 0
+  looped_seconds: float = 0.0
+  looped_seconds_stored: float | None = None
+  trace_cache: trace_cache_lib.TraceCache | None = None
+  failover_graphs: bool = False
+
+  def __post_init__(self):
+    _positive_int("steps_per_closure", self.steps_per_closure)
+    _positive_int("unroll", self.unroll)
+    if isinstance(self.loop_slack, bool) or not isinstance(self.loop_slack, int) \
+        or self.loop_slack < 0:
+      raise errors.UsageError(f"loop_slack ({self.loop_slack!r}) must be a non-negative integer")
+    if not 0 <= self.max_closure_seconds < float("inf"):
+      raise errors.UsageError(
+          f"max_closure_seconds ({self.max_closure_seconds!r}) must be >= 0 seconds")
 
 
 class PSTrainer(orbit.StandardTrainer):
@@ -122,46 +199,20 @@ class PSTrainer(orbit.StandardTrainer):
   increment the global step once per step (see the module docstring for retries).
   """
 
-  def __init__(self, trainer: orbit.StandardTrainer, runtime: strategy_lib.PSRuntime, *,
-               steps_per_closure: int, pause: Callable[[], bool] | None = None,
-               unroll: int = DEFAULT_UNROLL, global_step: tf.Variable | None = None,
-               input_shards: int | None = None, looped_seconds: float = 0.0,
-               loop_slack: int = 0, trace_cache: trace_cache_lib.TraceCache | None = None,
-               looped_seconds_stored: float | None = None, failover_graphs: bool = False):
-    """`pause()` true: schedule no more closures this loop (an interrupt is pending).
-
-    `unroll`: steps per while-loop iteration inside a closure (see the module
-    docstring). `looped_seconds`: with positioned input, train with the
-    fast-start closure this long before writing out the full-size closures
-    (`recovery.closure_plan`; 0: written out from the first loop).
-    `global_step`: the step counter `train_step` increments
-    (default: the wrapped trainer's `global_step` attribute, if any); after
-    every loop it is set back by the steps that TensorFlow re-executed when it
-    retried a failed closure, so it counts each scheduled step once.
-    `input_shards`: shards of a finite input (default: about one closure each).
-    `loop_slack`: with positioned input and `target` set, a loop whose planned
-    closures are scheduled ends up to this many steps short rather than
-    schedule another closure for a shard's tail (`coordinator.loop_ends`; the
-    Controller then asks for them in the next loop); never the loop that
-    reaches `target`. 0: every loop trains exactly its steps.
-    `trace_cache`: with positioned input, where the closures' traces are
-    stored for later coordinators and found from earlier ones
-    (`fast_restart.trace_cache`); `looped_seconds_stored` replaces
-    `looped_seconds` when the written-out closures are found there (the plan
-    at the lower price of a write-out that traces nothing).
-    `failover_graphs`: with `trace_cache` on 2 ps, have the workers optimize the
-    written-out closure of the cluster a ps failover would leave, after the
-    first loop with this one (`fast_restart.failover_graphs`).
+  def __init__(self, trainer: orbit.StandardTrainer, runtime: strategy_lib.PSRuntime,
+               options: "LoopOptions", *, pause: Callable[[], bool] | None = None,
+               global_step: tf.Variable | None = None):
+    """`options`: how the loops are made (`LoopOptions`). `pause()` true: schedule
+    no more closures this loop (an interrupt is pending). `global_step`: the step
+    counter `train_step` increments (default: the wrapped trainer's `global_step`
+    attribute, if any); after every loop it is set back by the steps that
+    TensorFlow re-executed when it retried a failed closure, so it counts each
+    scheduled step once.
     """
     if not isinstance(trainer, orbit.StandardTrainer):
       raise errors.UsageError(
           f"PSTrainer wraps an orbit.StandardTrainer, got {type(trainer).__name__}")
-    if isinstance(steps_per_closure, bool) or not isinstance(steps_per_closure, int) \
-        or steps_per_closure < 1:
-      raise errors.UsageError(
-          f"steps_per_closure ({steps_per_closure!r}) must be a positive integer")
-    if isinstance(unroll, bool) or not isinstance(unroll, int) or unroll < 1:
-      raise errors.UsageError(f"unroll ({unroll!r}) must be a positive integer")
+    steps_per_closure, unroll = options.steps_per_closure, options.unroll
     self._trainer = trainer
     self._unroll = unroll
     self._runtime = runtime
@@ -169,16 +220,20 @@ class PSTrainer(orbit.StandardTrainer):
     self._pause = pause or (lambda: False)
     self._global_step = global_step if global_step is not None else getattr(
         trainer, "global_step", None)
-    self._input_shards = input_shards
-    self._looped_seconds = looped_seconds
-    self._trace_cache = trace_cache
-    self._looped_seconds_stored = looped_seconds_stored
-    self._failover_graphs = failover_graphs
+    self._input_shards = options.input_shards
+    self._looped_seconds = options.looped_seconds
+    self._trace_cache = options.trace_cache
+    self._looped_seconds_stored = options.looped_seconds_stored
+    self._failover_graphs = options.failover_graphs
+    self._max_closure_seconds = options.max_closure_seconds
+    self.step_seconds = options.step_seconds  # A worker's, measured by each loop.
+    self.closure_overhead = 0.0  # A closure's own seconds (dispatch, iterator): calibrated.
+    self._full_size: int | None = None  # Steps of a full-size closure: chosen at the first loop.
+    self._last_kind: bool | None = None  # The closure kind of the last loop.
+    self._closures: closures_lib.TrainClosures | None = None  # Made with the loop.
     self._failover: failover_graphs_lib.FailoverGraphs | None = None  # Made with the loop.
     self._written_out_loops = 0
-    if isinstance(loop_slack, bool) or not isinstance(loop_slack, int) or loop_slack < 0:
-      raise errors.UsageError(f"loop_slack ({loop_slack!r}) must be a non-negative integer")
-    self._loop_slack = loop_slack
+    self._loop_slack = options.loop_slack
     self.full_closure_ready = threading.Event()  # Full-size closures are written out.
     self._warm: closures_lib.WarmClosures | None = None  # Positioned input, once looping.
     self.closures_scheduled = 0
@@ -258,9 +313,6 @@ class PSTrainer(orbit.StandardTrainer):
 
   def create_train_loop_fn(self) -> Callable[[Any, tf.Tensor], None]:
     """The loop Orbit calls: schedule closures over all workers, then join."""
-    coordinator = self._runtime.coordinator
-    strategy = self._runtime.strategy
-    cache = None
     if self._positioned is None:
       make_iterator = lambda iterator: iterator
     else:
@@ -269,103 +321,171 @@ class PSTrainer(orbit.StandardTrainer):
       # Built on the worker, inside the closure: the chunk's position is in
       # the closure's arguments, which a retry runs again unchanged.
       make_iterator = lambda shard, start: iter(positioned.chunk(num_shards, shard, start))
-      if self._trace_cache is not None:
-        trainer_type = type(self._trainer)
-        cache = self._trace_cache.in_cluster(self._runtime.cluster.as_dict()).extended(
-            trainer=f"{trainer_type.__module__}.{trainer_type.__qualname__}",
-            steps_per_closure=self._steps_per_closure, unroll=self._unroll,
-            fast_unroll=closures_lib.FAST_UNROLL, input_shards=num_shards,
-            num_workers=self._runtime.num_workers, num_ps=self._runtime.num_ps)
-    variables_root = None
-    if cache is not None:  # What the stored traces' captures are found in.
-      tracked = {"trainer": self._trainer}
+    # Their full size is chosen at the first loop, once a step's time is known.
+    self._closures = closures_lib.TrainClosures(
+        self._trainer.train_step, make_iterator, unroll=self._unroll,
+        what=type(self._trainer).__name__)
+    return self._loop
+
+  def _choose_full_size(self, iterator, loop: "_Loop") -> None:
+    """The first loop's start: a step's time (measured if not known), then the closures.
+
+    Full-size closures hold as many steps as run in `max_closure_seconds`, up
+    to `steps_per_closure`; their traces are kept (positioned input), the
+    failover graphs and the warm workers are made for them.
+    """
+    if self.step_seconds is None and self._max_closure_seconds > 0:
+      self._calibrate(iterator, loop)
+    full_size = self._full_size = self._closure_steps(self._steps_per_closure)
+    if self._positioned is None:
+      # Every closure is the looped one, one step per loop iteration: its trace
+      # is a step's. No fast start and no stored traces here (a closure takes
+      # a per-worker iterator), so every coordinator would trace a written-out
+      # closure again, many steps of the trainer's Python.
+      self.full_closure_ready.set()
+      return
+    cache = variables_root = None
+    if self._positioned is not None and self._trace_cache is not None:
+      cache = self._trace_cache_for(self.ensure_ledger().num_shards, full_size)
+      tracked = {"trainer": self._trainer}  # What the stored traces' captures are found in.
       if self._global_step is not None:
         tracked["global_step"] = self._global_step
       variables_root = tf.train.Checkpoint(**tracked)
-    closures = closures_lib.TrainClosures(
-        self._trainer.train_step, make_iterator, full_size=self._steps_per_closure,
-        unroll=self._unroll, what=type(self._trainer).__name__, cache=cache,
-        variables_root=variables_root)
+    closures = self._closures
+    closures.choose_full_size(full_size, cache=cache, variables_root=variables_root)
     if cache is not None and self._failover_graphs and failover_graphs_lib.failover_view(
         self._runtime.cluster) is not None:
       self._failover = failover_graphs_lib.FailoverGraphs(
           warm_call=closures.failover_warm_call, cache=cache, variables_root=variables_root,
-          cluster=self._runtime.cluster, coordinator=coordinator)
-    if self._positioned is None:
-      # Written out from the start, without a warm-up (its calls are positioned).
-      self.full_closure_ready.set()
-    else:
-      looped_seconds, costs = self._looped_seconds, closure_plan.MEASURED
-      if self._looped_seconds_stored is not None and closures.write_out_stored():
-        looped_seconds, costs = self._looped_seconds_stored, closure_plan.STORED
-      self._warm = closures_lib.WarmClosures(
-          closures, strategy, coordinator, ready=self.full_closure_ready,
-          looped_seconds=looped_seconds if closures.has_fast_start else 0.0, costs=costs)
+          cluster=self._runtime.cluster, coordinator=self._runtime.coordinator)
+    looped_seconds, costs = self._looped_seconds, closure_plan.MEASURED
+    if self._looped_seconds_stored is not None and closures.write_out_stored():
+      looped_seconds, costs = self._looped_seconds_stored, closure_plan.STORED
+    self._warm = closures_lib.WarmClosures(
+        closures, self._runtime.strategy, self._runtime.coordinator,
+        ready=self.full_closure_ready,
+        looped_seconds=looped_seconds if closures.has_fast_start else 0.0, costs=costs)
 
-    def sources(iterator, num_steps: int, start_step: int | None):
-      """(size, closure arguments, chunk) of each closure of the loop, taken as scheduled."""
-      sizes = plan_closures(num_steps, self._steps_per_closure, self._runtime.num_workers)
-      if self._positioned is None:
-        for size in sizes:
-          yield size, (iterator,), None
-        return
-      ledger, left = self.ensure_ledger(), num_steps
-      # A chunk ends at its shard's end: maybe more closures than sizes, unless
-      # the loop may end short of its steps (`loop_slack`).
-      slack = 0 if self.target is None or start_step is None or (
-          start_step + num_steps >= self.target) else self._loop_slack
-      taken = 0
-      while left > 0:
-        if taken >= len(sizes) and left <= slack:
-          return  # The next loop trains them: no closure for a shard's tail.
-        taken += 1
-        chunk = ledger.take(min(sizes[0], left))
-        left -= chunk.count
-        yield chunk.count, (tf.constant(chunk.shard, tf.int64),
-                            tf.constant(chunk.start, tf.int64)), chunk
+  def _trace_cache_for(self, num_shards: int, full_size: int) -> trace_cache_lib.TraceCache:
+    """The trace cache under the key of everything that shapes these closures."""
+    trainer_type = type(self._trainer)
+    return self._trace_cache.in_cluster(self._runtime.cluster.as_dict()).extended(
+        trainer=f"{trainer_type.__module__}.{trainer_type.__qualname__}",
+        steps_per_closure=full_size, unroll=self._unroll,
+        fast_unroll=closures_lib.FAST_UNROLL, input_shards=num_shards,
+        num_workers=self._runtime.num_workers, num_ps=self._runtime.num_ps)
 
-    def loop_fn(iterator, num_steps):
-      start_step = self._read_step()
-      scheduled, chunks, cut_short = [], [], False
-      use_full = self.full_closure_ready.is_set()  # One kind per loop.
+  def _loop(self, iterator, num_steps) -> None:
+    """One train loop: its closures on every worker, then join (see the module docstring)."""
+    loop = _Loop(start_step=self._read_step(), steps=int(num_steps))
+    # Traced in scope so that the trainer sees the strategy it was built in.
+    with self._runtime.strategy.scope():
+      if self._full_size is None:
+        self._choose_full_size(iterator, loop)
+      loop.written_out = self.full_closure_ready.is_set()  # One kind per loop.
       if self._warm is not None:
-        with _step_log_errors():  # Traces both closures (the warm-ups' calls).
-          self._warm.before_loop(written_out=use_full)
-      # Traced in scope so that the trainer sees the strategy it was built in.
-      with strategy.scope():
-        for size, source, chunk in sources(iterator, int(num_steps), start_step):
-          with _step_log_errors():  # Traced at the first schedule.
-            remote = closures.schedule(coordinator, size, use_full, source)
-          scheduled.append((size, remote))
-          if chunk is not None:
-            chunks.append(chunk)
-          self.closures_scheduled += 1
-          if self._pause():  # Before the next chunk is taken: none is left untrained.
-            logging.info("loop cut short after %d closures: an interrupt is pending "
-                         "(the chief saves next)", len(scheduled))
-            cut_short = True
-            break  # Finish what runs (join below).
-      if (use_full and self._written_out_loops and not cut_short
+        with _step_log_errors():  # Traces the closures of that kind (the warm-ups' calls).
+          self._warm.before_loop(written_out=loop.written_out)
+      fresh = loop.written_out is not self._last_kind  # Its first loop instantiates them.
+      self._last_kind = loop.written_out
+      began, before = time.monotonic(), len(loop.scheduled)
+      most = self._closure_steps(self._full_size)
+      self._schedule(iterator, loop, plan_closures(loop.left, most, self._runtime.num_workers),
+                     slack=True)
+      if (loop.written_out and self._written_out_loops and not loop.cut_short
           and self._failover is not None):
         # Once, from the second written-out loop: the first (maybe the coordinator's
         # first) is not kept waiting, nor a save. Here, the workers train meanwhile.
         self._failover.start()
-      coordinator.join()
-      self._written_out_loops += use_full
-      reexecuted = self._count_each_step_once(start_step, sum(size for size, _ in scheduled))
-      self.last_loop = LoopInput(chunks=tuple(chunks), reexecuted=reexecuted,
-                                 looped=not use_full)
-      # After join() every closure has its result; fetching is one small
-      # read per closure (a few per loop), not per step.
-      self._loop_logs = step_logs.loop_means(
-          [(size, remote.fetch()) for size, remote in scheduled])
-      if self._warm is not None:
-        # The global step counts each scheduled step once (above): no read needed.
-        step = None if start_step is None else start_step + sum(size for size, _ in scheduled)
-        self._warm.after_loop(step, None if self.target is None or step is None
-                              else max(0, self.target - step))
+      self._runtime.coordinator.join()
+    if not fresh:  # A loop that instantiated its closures says nothing of the steps.
+      measured = closure_plan.worker_step_seconds(
+          time.monotonic() - began, sum(size for size, _ in loop.scheduled[before:]),
+          len(loop.scheduled) - before, self._runtime.num_workers, self.closure_overhead)
+      self.step_seconds = measured if measured is not None else self.step_seconds
+    self._end_loop(loop)
 
-    return loop_fn
+  def _calibrate(self, iterator, loop: "_Loop") -> None:
+    """A worker's seconds per step and a closure's own, measured before the loop's
+    other closures.
+
+    Three waves of closures, one per worker, each joined: of one step (it
+    instantiates the function on the workers), of one step again, and of
+    `_CALIBRATION_STEPS`; the last two are timed (`closure_plan.calibrated`).
+    Only a coordinator that knows no speed (the run's first, at its first loop).
+    """
+    workers, timed = self._runtime.num_workers, []
+    for steps in (1, 1, _CALIBRATION_STEPS):
+      if loop.left < workers * steps or loop.cut_short:
+        return
+      began = time.monotonic()
+      self._schedule(iterator, loop, [steps] * workers, slack=False)
+      self._runtime.coordinator.join()
+      timed.append(time.monotonic() - began)
+    self.step_seconds, self.closure_overhead = closure_plan.calibrated(
+        timed[1], _CALIBRATION_STEPS, timed[2])
+    logging.info("a worker takes ~%.3fs a step and ~%.3fs a closure: closures of up to %d "
+                 "steps (at most %.1fs each, --max_closure_seconds)", self.step_seconds,
+                 self.closure_overhead, self._closure_steps(self._steps_per_closure),
+                 self._max_closure_seconds)
+
+  def _closure_steps(self, most: int) -> int:
+    return closure_plan.closure_steps(self.step_seconds, self._max_closure_seconds, most,
+                                      self.closure_overhead)
+
+  def _schedule(self, iterator, loop: "_Loop", sizes: list[int], *, slack: bool) -> None:
+    """Schedules closures of `sizes` steps (positioned: each a chunk of the input).
+
+    A chunk ends at its shard's end: maybe more closures than sizes, unless the
+    loop may end short of its steps (`slack` and `loop_slack`). Stops early when
+    an interrupt is pending (`pause`).
+    """
+    coordinator = self._runtime.coordinator
+    allowed = 0
+    if slack and self.target is not None and loop.start_step is not None and (
+        loop.start_step + loop.steps < self.target):
+      allowed = self._loop_slack
+    taken = 0
+    while loop.left > 0 and not loop.cut_short:
+      if self._positioned is None:
+        if taken >= len(sizes):
+          return
+        size, source, chunk = sizes[taken], (iterator,), None
+      else:
+        if taken >= len(sizes) and (not slack or loop.left <= allowed):
+          return  # The next loop trains them: no closure for a shard's tail.
+        chunk = self.ensure_ledger().take(min(sizes[0] if sizes else 1, loop.left))
+        size = chunk.count
+        source = (tf.constant(chunk.shard, tf.int64), tf.constant(chunk.start, tf.int64))
+      taken += 1
+      with _step_log_errors():  # Traced at the first schedule.
+        remote = self._closures.schedule(coordinator, size, loop.written_out, source)
+      loop.scheduled.append((size, remote))
+      loop.left -= size
+      if chunk is not None:
+        loop.chunks.append(chunk)
+      self.closures_scheduled += 1
+      if self._pause():  # Before the next chunk is taken: none is left untrained.
+        logging.info("loop cut short after %d closures: an interrupt is pending "
+                     "(the chief saves next)", len(loop.scheduled))
+        loop.cut_short = True  # Finish what runs (join).
+
+  def _end_loop(self, loop: "_Loop") -> None:
+    """After join: steps counted once, the loop's record, its step logs, warm closures."""
+    scheduled_steps = sum(size for size, _ in loop.scheduled)
+    self._written_out_loops += loop.written_out
+    reexecuted = self._count_each_step_once(loop.start_step, scheduled_steps)
+    self.last_loop = LoopInput(chunks=tuple(loop.chunks), reexecuted=reexecuted,
+                               looped=not loop.written_out)
+    # After join() every closure has its result; fetching is one small
+    # read per closure (a few per loop), not per step.
+    self._loop_logs = step_logs.loop_means(
+        [(size, remote.fetch()) for size, remote in loop.scheduled])
+    if self._warm is not None:
+      # The global step counts each scheduled step once (above): no read needed.
+      step = None if loop.start_step is None else loop.start_step + scheduled_steps
+      self._warm.after_loop(step, None if self.target is None or step is None
+                            else max(0, self.target - step))
 
   def _read_step(self) -> int | None:
     return None if self._global_step is None else int(self._global_step.numpy())

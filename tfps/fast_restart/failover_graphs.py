@@ -2,9 +2,9 @@
 
 A ps failover restarts the coordinator on the ps that answer, and its
 written-out closure is a graph the workers have not placed before: each op of
-a variable now on the one ps left. Each worker optimizes it afresh, ~10 s on 2
-shared cores while training waits: most of what the first failover onto that
-cluster costs. (The worker's graph cache, `ps_worker.graph_cache`, keeps it
+a variable now on the one ps left. Each worker optimizes it afresh while
+training waits: most of what the first failover onto that cluster costs
+(docs/recovery.md "Failover graphs built ahead"). (The worker's graph cache, `ps_worker.graph_cache`, keeps it
 for later ones.)
 
 So a coordinator of 2 ps, once it trains with its written-out closure, has
@@ -182,7 +182,7 @@ class FailoverGraphs:
       return None
     cache = self._cache.in_cluster(view.as_dict()).extended(
         num_ps=view.num_tasks(spec_lib.JobType.PS))
-    graph = cache.rebuilt_tag("full", variables)
+    graph = cache.rebuilt_tag("full", variables)  # The written-out closure's trace.
     if graph is None:
       return None  # No stored trace fits: the failover coordinator traces too.
     record = Record(os.path.join(self._cache.directory, RECORD))

@@ -1,8 +1,8 @@
 """Traced closures kept beside the checkpoints, for the next coordinator of the run.
 
-Every coordinator traced the same train closures again: for the ctr's
-written-out closure that is ~8 s of Python on the chief (14,000 ops), most of
-what a write-out costs, on every restart. The first coordinator that traces a
+Every coordinator traced the same train closures again: for a written-out
+closure that is seconds of Python on the chief (thousands of ops), most of
+what a write-out costs, on every restart (docs/recovery.md "Stored traces"). The first coordinator that traces a
 closure stores its graph in `model_dir/traces/`; a later one with the same
 program, configuration and variable layout rebuilds the function from it in
 a fraction of a second and binds it to its own variables. What remains is

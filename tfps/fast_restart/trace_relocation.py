@@ -4,8 +4,8 @@ A trace stored by a coordinator on 2 ps places some of its ops on the ps by
 name (those created under a variable's device: reads, gathers, updates). A
 coordinator after a ps failover holds the same variables on the ps that
 answer, and one that takes the ps back holds them on every ps again: the same
-program, placed differently. So instead of tracing again (~2-4 s for the
-fast-start closure, ~8 s for the written-out one on the ctr), it can take the
+program, placed differently. So instead of tracing again (seconds: see
+docs/recovery.md "Stored traces"), it can take the
 stored graph and move each op placed on a ps task to the task its variables
 are on now. The graph is otherwise the one traced, so it runs the same.
 

@@ -3,14 +3,14 @@
 The first call of a closure's function on a worker instantiates it there:
 the worker optimizes the function's graph, splits it between itself and the
 ps tasks and registers the parts with them. For the written-out closure (50
-steps in one graph) that takes seconds (~2.5 s for the ctr on 2 cores), and
-a loop whose closure lands on a cold worker waits for it. A worker that
+steps in one graph) that takes seconds, and a loop whose closure lands on a
+cold worker waits for it. A worker that
 TensorFlow takes back after a restart is such a worker.
 
 A warm-up calls a closure's function with its `train` argument false. The
 steps sit in the true branch of a `tf.cond` (`train_or_skip`), so nothing
 runs: no input is read, no variable changes, on the worker or on a ps (the
-branch not taken never executes; tests/test_warm_up.py and the input checks
+branch not taken never executes; tests/fast_restart/test_warm_up.py and the input checks
 of the cluster tests). The function is instantiated whole all the same,
 both branches, so the next real call only runs.
 

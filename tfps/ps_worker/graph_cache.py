@@ -2,8 +2,8 @@
 
 Every new coordinator (a chief restart, a ps failover) registers its train
 closures with the workers again, and each worker places and optimizes the
-written-out closure again: 7-14 s per worker on a busy 2-core host, most of
-what a ps or chief fault costs. TensorFlow can keep a worker's optimized
+written-out closure again: seconds per worker, most of what a ps or chief
+fault costs (docs/recovery.md "Workers keep their optimized graphs"). TensorFlow can keep a worker's optimized
 function graphs on disk and read them back instead (`TF_GRAPH_CACHING`, a
 directory; read by the worker at every instantiation).
 

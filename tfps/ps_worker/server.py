@@ -9,7 +9,7 @@ waits, within the grace period, until the chief has saved (see
 process with `os._exit` after flushing its logs.
 
 Stop signals must be trapped before TensorFlow is imported (a SIGTERM during
-the ~7 s import would otherwise kill the process with -15 instead of 143):
+the seconds-long import would otherwise kill the process with -15 instead of 143):
 call `base.signals.StopSignals.install()` first, then `serve`.
 """
 

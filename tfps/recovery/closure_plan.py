@@ -1,4 +1,8 @@
-"""When a new coordinator writes its closures out: a decision from the run's history.
+"""How a coordinator's closures are made: when it writes them out, how many steps each holds.
+
+Two decisions from the run's history (pure, like the rest of `recovery`).
+
+Write-out: when a new coordinator writes its closures out.
 
 A coordinator can train with the fast-start closure, which is ready in a
 few seconds but runs a few percent slower, or stop training for the seconds
@@ -41,6 +45,15 @@ ends no life: it follows a fault's failover by the supervisor's choice, so
 the coordinator it starts continues its predecessor's life. Counting the
 short-lived failover coordinators as lives would make every run that
 fails over look short-lived.
+
+Closure size: how many steps a closure holds. A closure is the unit TensorFlow
+runs again when a worker dies in it: it starts over elsewhere, and the loop
+waits for it. So a closure should not run much longer than
+`--max_closure_seconds`: where a step takes longer than that allows,
+closures hold fewer steps than `--steps_per_closure` (down to one), at the
+speed the last loop ran (or, for a coordinator's first loop, the run's
+recent loops, from the progress log). Fast steps keep full-size closures:
+the bound costs them nothing.
 
 Pure functions of the progress records (`recovery.progress_log`) and the
 event log (`recovery.events`); the costs are measured ones (docs/recovery.md "Fast start").
@@ -226,3 +239,65 @@ def plans(records: Sequence[progress_log.Progress], events: Sequence[events_lib.
                train_steps=train_steps, kept=trace_cache and first),
           plan(records, events, STORED, replaced_soon=replaced_soon,
                train_steps=train_steps, kept=trace_cache))
+
+
+# -- how many steps a closure holds ---------------------------------------------------------
+
+# Steps a shortened closure may hold: a few sizes, so that a measure that
+# differs a little from one coordinator to the next gives the same closure
+# (and finds its stored trace).
+_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 25, 32, 40)
+# A full-size closure is kept up to this many times `max_seconds`: a measure
+# taken on a busy host must not cut the closures of fast steps.
+SLACK = 2.0
+
+
+def closure_steps(step_seconds: float | None, max_seconds: float, most: int,
+                  overhead_seconds: float = 0.0) -> int:
+  """Steps per closure: `most`, unless a closure of `most` steps would run more than
+  `SLACK` x `max_seconds` at `step_seconds` a step and `overhead_seconds` a closure
+  (dispatch, starting its iterator); then as many as run in `max_seconds`, one of
+  `_SIZES`, at least 1.
+
+  `step_seconds` None (not measured yet) or `max_seconds` 0 (no bound): `most`.
+  """
+  if step_seconds is None or step_seconds <= 0 or max_seconds <= 0:
+    return most
+  if overhead_seconds + most * step_seconds <= SLACK * max_seconds:
+    return most
+  fits = int((max_seconds - overhead_seconds) / step_seconds)
+  return min(most, max([1] + [size for size in _SIZES if size <= fits]))
+
+
+def worker_step_seconds(loop_seconds: float, steps: int, closures: int, num_workers: int,
+                        overhead_seconds: float = 0.0) -> float | None:
+  """A worker's seconds per step in a loop that ran `steps` in `closures` closures.
+
+  The workers ran the closures side by side: as many at once as there were
+  closures, up to `num_workers`; each closure also cost `overhead_seconds`.
+  None when the loop says nothing (no step, no time).
+  """
+  if steps <= 0 or loop_seconds <= 0 or closures <= 0:
+    return None
+  busy = loop_seconds * min(closures, max(1, num_workers)) - closures * overhead_seconds
+  return max(busy, loop_seconds * min(closures, max(1, num_workers)) * 0.1) / steps
+
+
+def calibrated(one_step_seconds: float, steps: int, seconds: float) -> tuple[float, float]:
+  """(seconds per step, a closure's own seconds) from two waves of closures timed on
+  idle workers: one step each in `one_step_seconds`, `steps` each in `seconds`."""
+  if steps <= 1 or seconds <= one_step_seconds:
+    return max(seconds, one_step_seconds) / max(1, steps), 0.0
+  step = (seconds - one_step_seconds) / (steps - 1)
+  return step, max(0.0, one_step_seconds - step)
+
+
+def recent_step_seconds(records: Sequence[progress_log.Progress], num_workers: int
+                        ) -> float | None:
+  """A worker's seconds per step from the run's latest loops (median of `RECENT_LOOPS`),
+  for a coordinator that has run no loop yet; None before any loop."""
+  loops = [loop for _, of_one in progress_log.loops_by_coordinator(records)
+           for loop in of_one][-RECENT_LOOPS:]
+  if not loops:
+    return None
+  return max(1, num_workers) / statistics.median(loop.steps_per_sec for loop in loops)

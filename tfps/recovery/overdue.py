@@ -1,5 +1,11 @@
 """Which tasks have not answered for long enough to give up on them (pure).
 
+Silence and refusal are told apart. A task that refuses connections has no
+server listening: its process is gone, and with a ps its variables are gone
+too, so waiting buys nothing; `Refusals` gives it up after a few probe rounds
+in a row (a blip is not a loss). A silent task may be paused or cut off and
+come back whole: `Overdue` waits out the timeout for it.
+
 Both ends of the ps deadline count silence the same way: the coordinator's
 own thread (`coordinator.ps_deadline`) and, as a backstop outside the
 coordinator process, the chief's supervisor (`recovery.supervisor`). The
@@ -38,3 +44,19 @@ class Overdue:
     """Seconds `task` has been silent (0 if it answered last time)."""
     since = self._silent_since.get(task)
     return 0.0 if since is None else now - since
+
+
+class Refusals:
+  """Counts each task's refusals in a row; `update` returns those refused `rounds` times."""
+
+  def __init__(self, tasks: Iterable[spec_lib.TaskId], rounds: int = 2):
+    if rounds < 1:
+      raise errors.UsageError(f"rounds ({rounds}) must be positive")
+    self.rounds = rounds
+    self._tasks = tuple(sorted(tasks))
+    self._count: dict[spec_lib.TaskId, int] = {}
+
+  def update(self, refused: set[spec_lib.TaskId]) -> list[spec_lib.TaskId]:
+    for task in self._tasks:
+      self._count[task] = self._count.get(task, 0) + 1 if task in refused else 0
+    return [t for t in self._tasks if self._count[t] >= self.rounds]

@@ -47,6 +47,7 @@ coordinator that missed its own deadline.
 """
 
 import dataclasses
+import enum
 import signal
 import subprocess
 import time
@@ -148,6 +149,14 @@ class SupervisorConfig:
           f"ps_deadline_seconds ({self.ps_deadline_seconds}) must be positive or None")
 
 
+class CoordinatorState(str, enum.Enum):
+  """A supervised coordinator, as the supervisor waits for it (`Supervisor._wait`)."""
+
+  RUNNING = "running"  # Probed; the launcher keeps its standby ready.
+  STOPPING = "stopping"  # Asked to save and exit (a stop signal passed on, or a change
+  #                        of cluster): given the grace period, then killed.
+
+
 @dataclasses.dataclass(frozen=True)
 class _Ended:
   """How a coordinator process ended, as `Supervisor._wait` saw it.
@@ -207,82 +216,97 @@ class Supervisor:
     while True:
       process = self._launcher.start(attempt, frozenset(self.excluded))
       ended = self._wait(process)
-      code, change = ended.code, ended.change
       restarts = len(self._history.restarts)
       if self._stop.requested:
         reason = f"stopped by {signal.Signals(self._stop.signum).name}"
         return SupervisorResult(errors.exit_code_for_signal(self._stop.signum), restarts, reason)
       attempt += 1
-      if change is not None:
-        # We stopped it (it saved) to change its cluster: not a failure.
-        what, task = change
-        preposition = "without" if what == task_watch.Change.GONE else "with"
-        left_out = tuple(sorted(map(str, self.excluded)))
-        self._events.append(events_lib.Event(
-            kind="recovered", task=str(task), task_change=what.value,
-            tasks_left_out=left_out, detail=
-            f"coordinator restarting {preposition} {task}; "
-            f"tasks left out: {', '.join(left_out) or 'none'}"))
+      if ended.change is not None:
+        self._record_change(*ended.change)  # It saved; we stopped it: not a failure.
         continue
-      report = self._launcher.exit_report()
-      if deaths_lib.is_death(code, serves=False):
-        death = deaths_lib.Death("coordinator", process.pid, code, self._launcher.last_lines(),
-                                 cause=ended.killed or "")
-        logging.error("%s", death.describe())
-        self._events.append(death.event())
-      if self._launcher.trained():
-        self._history = self._history.progressed(self._clock())
-      if ended.lost is not None:
-        kind = Kind.PS_LOST
-        detail = (f"coordinator exited with code {code}: {report.message}" if report
-                  else f"coordinator stopped by the supervisor: {ended.lost}")
-      else:
-        kind = policy_lib.classify_exit(code, report.failure if report else None)
-        detail = f"coordinator exited with code {code}" + (f": {report.message}" if report else "")
+      kind, detail = self._judge(process, ended)
       if kind is None:
         return SupervisorResult(errors.ExitCode.OK, restarts, "finished")
-      now = self._clock()
-      ps = frozenset(self._cluster.ps_addresses)
-      ps_down = (ps - self._cluster.reachable() if self._config.policy.ps_failover
-                 else frozenset())
-      decision = self._config.policy.decide(kind, self._history, now, ps=ps, ps_down=ps_down)
-      self._record("chief:0", kind, decision, detail)
-      if decision.action == Action.GIVE_UP:
-        logging.error("coordinator exited with code %d (%s); giving up: %s",
-                      code, kind.value, decision.reason)
-        return SupervisorResult(decision.exit_code, restarts, decision.reason)
-      logging.warning("coordinator exited with code %d (%s): %s", code, kind.value,
-                      decision.reason)
-      # Every ps that answers is in the new coordinator's cluster (a ps left
-      # out before is taken back here), but those the decision leaves out.
-      self.excluded = {t for t in self.excluded if t not in ps} | set(decision.leave_out)
-      try:
-        # Left-out workers are not waited for: the watch takes them back.
-        self._cluster.wait_until_reachable(self._config.cluster_wait_seconds,
-                                           frozenset(self.excluded))
-      except errors.RetryableError as e:
-        logging.error("cluster did not come back: %s", e)
-        self._events.append(events_lib.Event(kind="action", task="chief:0",
-                                             action=Action.GIVE_UP.value, detail=str(e)))
-        return SupervisorResult(errors.ExitCode.CLUSTER_LOST, restarts, str(e))
-      self._history = self._history.restarted(now)
-      without = sorted(map(str, self.excluded))
-      self._events.append(events_lib.Event(
-          kind="recovered", task="chief:0", failure=kind.value,
-          seconds_to_recover=round(self._clock() - now, 3),
-          detail=f"cluster reachable; starting coordinator attempt {attempt + 1}"
-                 + (f" without {', '.join(without)}" if without else "")))
+      given_up = self._restart_after(kind, detail, ended.code, attempt)
+      if given_up is not None:
+        return dataclasses.replace(given_up, restarts=restarts)
+
+  def _record_change(self, what: task_watch.Change, task) -> None:
+    """A coordinator stopped to change its cluster (a worker or ps left out or taken back)."""
+    preposition = "without" if what == task_watch.Change.GONE else "with"
+    left_out = tuple(sorted(map(str, self.excluded)))
+    self._events.append(events_lib.Event(
+        kind="recovered", task=str(task), task_change=what.value,
+        tasks_left_out=left_out, detail=
+        f"coordinator restarting {preposition} {task}; "
+        f"tasks left out: {', '.join(left_out) or 'none'}"))
+
+  def _judge(self, process: subprocess.Popen, ended: _Ended
+             ) -> tuple[policy_lib.FailureKind | None, str]:
+    """What the coordinator's end means (None: finished), and its one line; a death is
+    recorded, and progress forgives earlier restarts."""
+    code = ended.code
+    report = self._launcher.exit_report()
+    if deaths_lib.is_death(code, serves=False):
+      death = deaths_lib.Death("coordinator", process.pid, code, self._launcher.last_lines(),
+                               cause=ended.killed or "")
+      logging.error("%s", death.describe())
+      self._events.append(death.event())
+    if self._launcher.trained():
+      self._history = self._history.progressed(self._clock())
+    if ended.lost is not None:
+      return Kind.PS_LOST, (f"coordinator exited with code {code}: {report.message}" if report
+                            else f"coordinator stopped by the supervisor: {ended.lost}")
+    kind = policy_lib.classify_exit(code, report.failure if report else None)
+    return kind, f"coordinator exited with code {code}" + (f": {report.message}" if report
+                                                            else "")
+
+  def _restart_after(self, kind: policy_lib.FailureKind, detail: str, code: int,
+                     attempt: int) -> SupervisorResult | None:
+    """Decides and prepares the restart after a failure of `kind`: waits for the
+    cluster it needs. A result when the run ends instead (restarts not filled in)."""
+    now = self._clock()
+    ps = frozenset(self._cluster.ps_addresses)
+    ps_down = (ps - self._cluster.reachable() if self._config.policy.ps_failover
+               else frozenset())
+    decision = self._config.policy.decide(kind, self._history, now, ps=ps, ps_down=ps_down)
+    self._record("chief:0", kind, decision, detail)
+    if decision.action == Action.GIVE_UP:
+      logging.error("coordinator exited with code %d (%s); giving up: %s",
+                    code, kind.value, decision.reason)
+      return SupervisorResult(decision.exit_code, 0, decision.reason)
+    logging.warning("coordinator exited with code %d (%s): %s", code, kind.value,
+                    decision.reason)
+    # Every ps that answers is in the new coordinator's cluster (a ps left
+    # out before is taken back here), but those the decision leaves out.
+    self.excluded = {t for t in self.excluded if t not in ps} | set(decision.leave_out)
+    try:
+      # Left-out workers are not waited for: the watch takes them back.
+      self._cluster.wait_until_reachable(self._config.cluster_wait_seconds,
+                                         frozenset(self.excluded))
+    except errors.RetryableError as e:
+      logging.error("cluster did not come back: %s", e)
+      self._events.append(events_lib.Event(kind="action", task="chief:0",
+                                           action=Action.GIVE_UP.value, detail=str(e)))
+      return SupervisorResult(errors.ExitCode.CLUSTER_LOST, 0, str(e))
+    self._history = self._history.restarted(now)
+    without = sorted(map(str, self.excluded))
+    self._events.append(events_lib.Event(
+        kind="recovered", task="chief:0", failure=kind.value,
+        seconds_to_recover=round(self._clock() - now, 3),
+        detail=f"cluster reachable; starting coordinator attempt {attempt + 1}"
+               + (f" without {', '.join(without)}" if without else "")))
+    return None
 
   def _wait(self, process: subprocess.Popen) -> _Ended:
     """Waits for the coordinator to exit; says how it ended (`_Ended`).
 
-    Passes a stop signal on once. When the task watch asks for a change of
-    cluster, asks the coordinator to save and stop (SIGTERM) and returns the
-    change once it has exited. A coordinator still running past the ps
-    deadline is killed (`_end_overdue`).
+    While it RUNS: passes a stop signal on, or, when the task watch asks for
+    a change of cluster, asks it to save and stop (SIGTERM); then it is
+    STOPPING, and is killed if still running after the grace period. A
+    running coordinator past the ps deadline is killed (`_end_overdue`).
     """
-    stop_deadline = None
-    change = None
+    state, stop_deadline, change = CoordinatorState.RUNNING, 0.0, None
     # A ps left out is nobody's concern until it is taken back.
     ps_addresses = {t: a for t, a in self._cluster.ps_addresses.items() if t not in self.excluded}
     ps_silence = (overdue_lib.Overdue(ps_addresses, self._config.ps_deadline_seconds,
@@ -295,24 +319,25 @@ class Supervisor:
       except subprocess.TimeoutExpired:
         pass
       now = self._clock()
-      if stop_deadline is None and self._stop.requested:
+      if state == CoordinatorState.RUNNING and self._stop.requested:
         logging.warning("passing %s to the coordinator (pid %d); it saves, then exits",
                         signal.Signals(self._stop.signum).name, process.pid)
         process.send_signal(self._stop.signum)
-        stop_deadline = now + self._config.stop_grace_seconds
-      if stop_deadline is None:
+        state, stop_deadline = CoordinatorState.STOPPING, now + self._config.stop_grace_seconds
+      if state == CoordinatorState.RUNNING:
         self._launcher.idle()
-      if stop_deadline is None and now >= next_probe:
-        next_probe = now + self._config.probe_seconds
-        reachable = self._cluster.reachable()
-        silent = ps_silence.update(reachable, now) if ps_silence is not None else []
-        if silent:
-          return self._end_overdue(process, silent, ps_silence, now, reachable)
-        change = self._watched_change(reachable, now)
-        if change is not None:
-          process.send_signal(signal.SIGTERM)  # Save, then exit: we restart it.
-          stop_deadline = now + self._config.stop_grace_seconds
-      if stop_deadline is not None and now > stop_deadline:
+        if now >= next_probe:
+          next_probe = now + self._config.probe_seconds
+          reachable = self._cluster.reachable()
+          silent = ps_silence.update(reachable, now) if ps_silence is not None else []
+          if silent:
+            return self._end_overdue(process, silent, ps_silence, now, reachable)
+          change = self._watched_change(reachable, now)
+          if change is not None:
+            process.send_signal(signal.SIGTERM)  # Save, then exit: we restart it.
+            state, stop_deadline = (CoordinatorState.STOPPING,
+                                    now + self._config.stop_grace_seconds)
+      elif now > stop_deadline:
         logging.error("coordinator did not exit %.0fs after SIGTERM; killing it",
                       self._config.stop_grace_seconds)
         process.kill()

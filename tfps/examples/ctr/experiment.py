@@ -402,7 +402,7 @@ def factory(context: experiment_lib.ExperimentContext) -> experiment_lib.Experim
   config = CtrConfig.from_params(context.params)
   model = build_model(config, context.seed)
   # Adagrad touches only the embedding rows of a batch (Adam decays every row
-  # of every table each step: ~7x slower here). A tiny initial accumulator
+  # of every table each step: several times slower, docs/benchmarks.md). A tiny initial accumulator
   # lets rare ids move from their first update on. Its step counter goes
   # with the table too (its slots always go with their variables), so that a
   # step touches one ps.

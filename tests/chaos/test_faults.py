@@ -1,0 +1,95 @@
+"""Chaos fault schedules (tfps.chaos.faults) are pure: parsed and drawn here."""
+
+import pytest
+
+from tfps.base import errors
+from tfps.chaos import faults as faults_lib
+from tfps.chaos import tracker as tracker_lib
+from tfps.cluster import spec as spec_lib
+
+CLUSTER = spec_lib.ClusterSpec.from_dict({
+    "chief": ["c:1"], "ps": ["p:1", "p:2"], "worker": ["w:1", "w:2"]})
+Job = spec_lib.JobType
+
+
+def test_parse_explicit_faults_sorted_by_time():
+  faults = faults_lib.parse_faults(
+      "ps:0@40:term+3, worker:1@20:kill+5,worker:0@30:stop+10,worker:1@50:kill+never,chief:0@60:kill",
+      CLUSTER)
+  assert [str(f) for f in faults] == [
+      "worker:1@20:kill+5", "worker:0@30:stop+10", "ps:0@40:term+3",
+      "worker:1@50:kill+never", "chief:0@60:kill+5"]
+  assert faults[3].back_after is faults_lib.NEVER
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "no fault"),
+    ("worker:1", "must look like TARGET@SECONDS|stepN:ACTION"),
+    ("worker:1@x:kill", "must look like"),
+    ("worker:7@1:kill", "no task worker:7 in this cluster"),
+    ("evaluator:0@1:kill", "no task evaluator:0"),
+    ("worker:1@1:nuke", "action 'nuke' is not kill, term, stop or cut"),
+    ("ps:0@1:cut+never", "a stopped or cut-off task must come back"),
+    ("ps:0@1:kill+never", "only a worker may never come back"),
+    ("worker:0@1:stop+never", "a stopped or cut-off task must come back"),
+    ("worker:0@-1:kill", "time (-1.0) must be >= 0"),
+])
+def test_bad_fault_specs_are_usage_errors(text, message):
+  with pytest.raises(errors.UsageError) as raised:
+    faults_lib.parse_faults(text, CLUSTER)
+  assert message in str(raised.value) and raised.value.exit_code == 2
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_schedule_hits_worker_ps_and_chief(seed):
+  faults = faults_lib.random_schedule(seed=seed, count=4, duration=120, cluster=CLUSTER)
+  assert {f.target.job for f in faults} >= {Job.WORKER, Job.PS, Job.CHIEF}
+  assert list(faults) == sorted(faults) and all(0 <= f.at_seconds < 120 for f in faults)
+  times = [f.at_seconds for f in faults]
+  assert all(b - a >= 120 / 4 * 0.2 for a, b in zip(times, times[1:]))  # Spaced out.
+
+
+def test_random_schedule_is_reproducible_from_the_seed():
+  draw = lambda seed: faults_lib.random_schedule(seed=seed, count=6, duration=100, cluster=CLUSTER)
+  assert draw(7) == draw(7)
+  assert any(draw(7) != draw(s) for s in range(8, 12))
+
+
+def test_never_returning_worker():
+  faults = faults_lib.random_schedule(seed=1, count=3, duration=60, cluster=CLUSTER,
+                                 never_returns=True)
+  permanent = [f for f in faults if f.back_after is faults_lib.NEVER]
+  assert len(permanent) == 1 and permanent[0].target.job == Job.WORKER
+  assert permanent[0].action == faults_lib.FaultAction.KILL
+
+
+def test_link_cuts_are_drawn_only_with_network_faults():
+  draw = lambda seed, net: faults_lib.random_schedule(seed=seed, count=8, duration=100,
+                                                 cluster=CLUSTER, network_faults=net)
+  assert not any(f.action == faults_lib.FaultAction.CUT for s in range(20) for f in draw(s, False))
+  assert any(f.action == faults_lib.FaultAction.CUT for s in range(20) for f in draw(s, True))
+  cut = faults_lib.parse_faults("ps:0@70:cut+8", CLUSTER)[0]
+  assert tracker_lib.FaultOutcome(cut, 70.0, True, 9.0).as_dict()["signal"] == "LINK_DOWN"
+
+
+def test_faults_by_step_parse_and_wait_for_their_step():
+  faults = faults_lib.parse_faults("worker:1@step500:kill+2,chief:0@step100:term+3", CLUSTER)
+  assert [(str(f.target), f.at_step) for f in faults] == [("chief:0", 100), ("worker:1", 500)]
+  assert str(faults[1]) == "worker:1@step500:kill+2"
+  assert not faults[0].due(seconds=1e6, step=99) and faults[0].due(seconds=0.0, step=100)
+
+
+def test_seconds_and_steps_do_not_mix():
+  with pytest.raises(errors.UsageError, match="mixes seconds and steps"):
+    faults_lib.parse_faults("worker:1@step500:kill,ps:0@20:kill", CLUSTER)
+
+
+@pytest.mark.parametrize("seed", range(1, 11))
+def test_a_random_schedule_by_step_lands_inside_the_run_for_every_seed(seed):
+  faults = faults_lib.random_schedule(seed=seed, count=3, duration=60, cluster=CLUSTER,
+                                 train_steps=2000)
+  steps = [f.at_step for f in faults]
+  assert steps == sorted(steps) and all(100 <= s <= 1500 for s in steps), steps
+  assert {f.target.job.value for f in faults} == {"worker", "ps", "chief"}
+  # Whatever the host's speed: a fault is due only by the step reached.
+  assert all(not f.due(seconds=1e9, step=f.at_step - 1) for f in faults)

@@ -1,0 +1,248 @@
+"""The coordinator's run (tfps.coordinator.run): its config and result, checked
+before it connects; then whole runs on the in-process cluster (conftest.py).
+
+A run on the in-process cluster builds its own strategy on it, as a restarted
+coordinator would.
+"""
+
+import glob
+import json
+import logging
+import os
+
+import pytest
+import tensorflow as tf
+
+from tfps.base import errors
+from tfps.cluster import spec as spec_lib
+from tfps.coordinator import run as coordinator_run
+from tfps.recovery import progress_log
+
+from tests.support import inprocess
+from tests.support import linear_models
+from tests.support import paths
+
+pytestmark = pytest.mark.tf
+
+# Nothing listens here: every case below must fail before connecting.
+_CLUSTER = spec_lib.ClusterSpec.from_dict(
+    {"chief": ["localhost:1"], "ps": ["localhost:2"], "worker": ["localhost:3"]})
+
+
+def _config(tmp_path, **overrides):
+  kwargs = dict(cluster=_CLUSTER, model_dir=str(tmp_path / "model"), ready_timeout=0.5)
+  kwargs.update(overrides)
+  return coordinator_run.CoordinatorConfig(**kwargs)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("train_steps", 0), ("train_steps", -5), ("train_steps", True), ("train_steps", "10"),
+    ("steps_per_loop", 0), ("steps_per_closure", 0), ("checkpoint_interval", 0),
+    ("max_to_keep", 0), ("global_batch_size", -1), ("eval_steps", 0),
+    ("eval_interval", 0), ("eval_shards", 0), ("min_shard_bytes", 0),
+])
+def test_config_rejects_non_positive_integers(tmp_path, field, value):
+  with pytest.raises(errors.UsageError) as e:
+    _config(tmp_path, **{field: value})
+  assert str(e.value) == f"{field} ({value!r}) must be a positive integer"
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"mode": "fit"}, "mode ('fit') must be one of train, train_and_eval, eval"),
+    ({"seed": -1}, "seed (-1) must be a non-negative integer"),
+    ({"ready_timeout": 0}, "ready_timeout (0) must be positive seconds"),
+    ({"ps_timeout": 0}, "ps_timeout (0) must be positive seconds"),
+    ({"ps_timeout": "10"}, "ps_timeout ('10') must be positive seconds"),
+    ({"model_dir": ""}, "model_dir ('') must be a directory path"),
+    ({"experiment": " "}, "experiment (' ') must be a name or package.module:factory"),
+    ({"cluster": {"ps": ["h:1"]}}, "cluster (dict) must be a tfps.cluster.spec.ClusterSpec"),
+    ({"experiment_params": {"a": 1}}, "experiment_params ({'a': 1}) must map strings to strings"),
+    ({"tasks_left_out": ("ps:0",), "tasks_expected_back": ("ps:1",)},
+     "tasks_expected_back ('ps:1') must be one of tasks_left_out ('ps:0',)"),
+])
+def test_config_rejects_bad_values_naming_field_and_value(tmp_path, overrides, message):
+  with pytest.raises(errors.UsageError) as e:
+    _config(tmp_path, **overrides)
+  assert str(e.value) == message
+
+
+def test_config_accepts_mode_strings_and_freezes(tmp_path):
+  config = _config(tmp_path, mode="eval", experiment_params={"hidden": "8"})
+  assert config.mode is coordinator_run.Mode.EVAL
+  with pytest.raises(Exception):
+    config.train_steps = 5  # Frozen.
+  with pytest.raises(TypeError):
+    config.experiment_params["hidden"] = "9"  # Read-only view.
+
+
+def test_unwritable_model_dir_fails_before_connecting(tmp_path):
+  blocker = tmp_path / "a_file"
+  blocker.write_text("not a directory")
+  config = _config(tmp_path, model_dir=str(blocker / "model"))
+  with pytest.raises(errors.UsageError) as e:
+    coordinator_run.run_coordinator(config)  # Would hang/fail differently if it tried the cluster.
+  assert str(e.value).startswith(f"model_dir ({blocker / 'model'}): cannot write there (")
+  assert "\n" not in str(e.value)
+
+
+def test_unknown_experiment_fails_before_connecting(tmp_path):
+  with pytest.raises(errors.UsageError) as e:
+    coordinator_run.run_coordinator(_config(tmp_path, experiment="nosuch"))
+  assert "experiment 'nosuch' is unknown" in str(e.value)
+
+
+def test_result_as_dict_is_json():
+  result = coordinator_run.CoordinatorResult(
+      status=coordinator_run.RunStatus.FINISHED, experiment="ctr", mode=coordinator_run.Mode.TRAIN,
+      global_step=10, start_step=0, train_steps=10, examples_per_sec=1.5, steps_per_sec=0.5,
+      train_seconds=2.0, eval={"auc": 0.7}, checkpoint="/m/ckpt-10", model_dir="/m")
+  d = json.loads(json.dumps(result.as_dict()))
+  assert d["status"] == "finished" and d["mode"] == "train" and d["restarts"] == 0
+  assert d["eval"] == {"auc": 0.7} and d["checkpoint"] == "/m/ckpt-10"
+  assert f"{result.status}" == "finished"
+
+
+@pytest.mark.parametrize("step,expected", [(0, 40), (40, 40), (80, 20), (90, 10), (100, 40)])
+def test_loops_end_on_checkpoint_boundaries(step, expected):
+  config = coordinator_run.CoordinatorConfig(
+      cluster=_CLUSTER, model_dir="/m", steps_per_loop=40, checkpoint_interval=100, steps_per_closure=1)
+  assert coordinator_run._loop_ends(config).next_loop(step) == expected
+
+
+@pytest.mark.parametrize("make, steps, cannot_end", [
+    (lambda: tf.data.Dataset.range(10).repeat(), 1000, True),
+    (lambda: tf.data.Dataset.range(2**40).batch(8), 1000, True),
+    (lambda ctx: tf.data.Dataset.range(ctx.input_pipeline_id, 2**62, ctx.num_input_pipelines)
+     .batch(128, drop_remainder=True).prefetch(2), 10**6, True),
+    (lambda: tf.data.Dataset.range(1000).batch(10), 1000, False),  # 50 batches per worker.
+    (lambda: tf.data.Dataset.range(10**6).filter(lambda x: x > 0), 10, False),  # Unknown.
+    (lambda: 1 / 0, 10, False),  # A dataset_fn failing here proves nothing.
+])
+def test_input_cannot_end_only_when_its_cardinality_proves_it(make, steps, cannot_end):
+  assert coordinator_run.input_cannot_end(make, num_workers=2, num_replicas_in_sync=1,
+                                steps=steps) == cannot_end
+
+
+def test_a_dataset_object_is_judged_by_one_workers_shard():
+  dataset = tf.data.Dataset.range(4000)
+  assert coordinator_run.input_cannot_end(dataset, num_workers=2, num_replicas_in_sync=1, steps=2000)
+  assert not coordinator_run.input_cannot_end(dataset, num_workers=2, num_replicas_in_sync=1, steps=2001)
+
+
+def _coordinator_config(cluster, model_dir, **overrides):
+  kwargs = dict(cluster=cluster, model_dir=str(model_dir), experiment_params=inprocess.SMALL_CTR,
+                global_batch_size=256, steps_per_loop=100, checkpoint_interval=100,
+                steps_per_closure=25, min_shard_bytes=16 << 10, ready_timeout=30, seed=1)
+  kwargs.update(overrides)
+  return coordinator_run.CoordinatorConfig(**kwargs)
+
+
+def test_ctr_learns(inprocess_cluster, tmp_path):
+  result = coordinator_run.run_coordinator(_coordinator_config(
+      inprocess_cluster, tmp_path, train_steps=300, mode="train_and_eval"))
+  line = json.loads(json.dumps(result.as_dict()))
+  assert line["status"] == "finished" and line["global_step"] == 300
+  assert line["eval"]["auc"] > 0.75, line  # Chance 0.5, dense features alone 0.74.
+  assert line["eval"]["loss"] < 0.60, line  # Predicting the click rate: 0.65.
+  assert line["examples_per_sec"] > 0 and line["restarts"] == 0
+  assert line["checkpoint"] == str(tmp_path / "ckpt-300")
+  assert glob.glob(str(tmp_path / "events.out.tfevents.*"))
+  assert glob.glob(str(tmp_path / "eval" / "events.out.tfevents.*"))
+
+
+def test_checkpoint_and_resume_at_the_saved_step(inprocess_cluster, tmp_path, caplog):
+  caplog.set_level("INFO", logger="absl")
+  first = coordinator_run.run_coordinator(_coordinator_config(
+      inprocess_cluster, tmp_path, train_steps=120, mode="train", steps_per_loop=50,
+      checkpoint_interval=50))
+  assert first.global_step == 120 and first.eval == {}
+  saved = sorted(int(os.path.basename(p)[len("ckpt-"):-len(".index")])
+                 for p in glob.glob(str(tmp_path / "ckpt-*.index")))
+  # A loop may end up to 12 steps short of its boundary (less than half a
+  # closure of 25) at a shard's end: the save follows it (coordinator.loop_ends).
+  assert len(saved) == 3 and 38 <= saved[0] <= 50 and 88 <= saved[1] <= 100, saved
+  assert saved[2] == 120  # The end of training is exact.
+
+  caplog.clear()
+  second = coordinator_run.run_coordinator(_coordinator_config(
+      inprocess_cluster, tmp_path, train_steps=150, mode="train"))
+  assert f"restored {tmp_path / 'ckpt-120'} at step 120" in caplog.text
+  assert second.start_step == 120 and second.global_step == 150
+  assert second.checkpoint == str(tmp_path / "ckpt-150")
+
+  third = coordinator_run.run_coordinator(_coordinator_config(
+      inprocess_cluster, tmp_path, train_steps=150, mode="eval"))
+  assert third.start_step == third.global_step == 150
+  assert 0.5 < third.eval["auc"] < 1.0
+
+  records = progress_log.ProgressLog(str(tmp_path)).read_new()
+  starts = [i for i, r in enumerate(records) if r.restored]
+  assert len(starts) == 3 and records[0].step == 0
+  first_loops = [r.step for r in records[1:starts[1]]]
+  assert first_loops[-1] == 120 and set(saved[:2]) <= set(first_loops)  # A save per boundary.
+  assert [(r.step, r.restored) for r in records[starts[1]:]] == [
+      (120, True), (150, False),  # Resumed.
+      (150, True)]                # Eval only.
+
+
+def test_user_factory_with_plain_orbit_classes(inprocess_cluster, tmp_path):
+  result = coordinator_run.run_coordinator(_coordinator_config(
+      inprocess_cluster, tmp_path, experiment=f"{linear_models.__name__}:plain_factory",
+      experiment_params={}, train_steps=60, steps_per_loop=30, checkpoint_interval=60,
+      global_batch_size=32))
+  assert result.global_step == 60
+  assert result.eval["accuracy"] > 0.9
+
+
+def test_checkpoint_of_another_model_is_permanent(inprocess_cluster, tmp_path):
+  coordinator_run.run_coordinator(_coordinator_config(
+      inprocess_cluster, tmp_path, train_steps=10, mode="train"))
+  other = dict(inprocess.SMALL_CTR, vocab_sizes="3000:2000:999")
+  with pytest.raises(errors.PermanentError) as e:
+    coordinator_run.run_coordinator(_coordinator_config(
+        inprocess_cluster, tmp_path, train_steps=20, mode="train", experiment_params=other))
+  message = str(e.value)
+  assert message.startswith(f"checkpoint {tmp_path / 'ckpt-10'} does not fit experiment 'ctr'")
+  assert "\n" not in message
+
+
+def test_eval_mode_without_checkpoint_is_a_usage_error(inprocess_cluster, tmp_path):
+  with pytest.raises(errors.UsageError, match=r"mode \(eval\) needs a checkpoint"):
+    coordinator_run.run_coordinator(_coordinator_config(inprocess_cluster, tmp_path, mode="eval"))
+
+
+def test_readme_experiment_example_trains(inprocess_cluster, tmp_path, monkeypatch):
+  """The README's "write your own experiment" code, run as written."""
+  import re
+  import sys
+  readme = os.path.join(paths.REPO, "README.md")
+  with open(readme) as f:
+    (code,) = re.findall(r"```python\n(# my_experiment\.py\n.*?)```", f.read(), flags=re.S)
+  (tmp_path / "my_experiment.py").write_text(code)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.delitem(sys.modules, "my_experiment", raising=False)
+  result = coordinator_run.run_coordinator(_coordinator_config(
+      inprocess_cluster, tmp_path / "model", experiment="my_experiment:factory",
+      experiment_params={}, train_steps=200, steps_per_loop=100, checkpoint_interval=100,
+      global_batch_size=64))
+  assert result.global_step == 200
+  assert result.eval["accuracy"] > 0.9
+  # One epoch of 64 batches, given as the README says: positioned, ~3 epochs.
+  assert result.input["positioned"] and result.input["batches_per_epoch"] == 64
+  assert result.input["epochs_completed"] == 3
+
+
+def test_the_chief_log_drops_routine_lines_only():
+  routine = coordinator_run._RoutineLines()
+
+  def kept(message):
+    record = logging.LogRecord("tensorflow", logging.WARNING, __file__, 1, message, None, None)
+    return routine.filter(record)
+
+  schedule_warning = ("A `tf.distribute.experimental.ParameterServerStrategy` method is invoked "
+                      "without using `ClusterCoordinator.schedule`. If you are not tracing ...")
+  assert kept(schedule_warning)  # It may matter: once.
+  assert not kept(schedule_warning)  # Then it is every traced step's.
+  assert not kept("Starting async checkpoint save on the device: /job:chief/...")
+  assert not kept("Sync on async checkpoint saving.")
+  assert kept("saved checkpoint to /m/ckpt-200.")

@@ -1,0 +1,213 @@
+"""Positioned input on a real (in-process) cluster: every example once per epoch.
+
+The `counting` experiment (support/experiments/) adds 1 to a checkpointed
+`counts[id]` for every id it trains on, so the final checkpoint is the
+ground truth of what training read. Faults are in e2e/test_failure_matrix.py;
+here: plain runs, a resumed run, and the input forms that are refused.
+"""
+
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfps.cluster import inprocess
+from tfps.coordinator import run as coordinator_run
+from tfps.input import positioned as positioned_lib
+from tfps.coordinator import strategy as strategy_lib
+from tfps.coordinator import trainer as trainer_lib
+from tfps.fast_restart import worker_functions
+from tfps.recovery import coverage
+from tfps.recovery import events as events_lib
+from tfps.base import errors
+from tfps.recovery import progress_log as progress_lib
+
+import input_experiments  # tests/support/experiments/, on sys.path (conftest.py).
+
+pytestmark = pytest.mark.tf
+
+# 60 batches in 12 shards of 5 (shards of about one 5-step closure): no short batch.
+EXAMPLES, BATCH, EPOCH = 960, 16, 60
+
+OPTIONS = trainer_lib.LoopOptions
+
+
+@pytest.fixture(scope="module")
+def cluster():
+  return inprocess.start(1, 2).cluster
+
+
+@pytest.fixture(scope="module")
+def runtime(cluster):
+  return strategy_lib.connect(cluster, ready_timeout=30)
+
+
+def _config(cluster, model_dir, **overrides):
+  kwargs = dict(cluster=cluster, model_dir=str(model_dir), mode="train",
+                experiment="input_experiments:counting",
+                experiment_params={"examples": str(EXAMPLES)}, global_batch_size=BATCH,
+                steps_per_loop=20, checkpoint_interval=20, steps_per_closure=5,
+                ready_timeout=30)
+  kwargs.update(overrides)
+  return coordinator_run.CoordinatorConfig(**kwargs)
+
+
+def _counts(result):
+  return input_experiments.counts_in(result.checkpoint)
+
+
+def _coverage(model_dir):
+  return coverage.account(progress_lib.ProgressLog(str(model_dir)).read_new())
+
+
+def test_one_epoch_trains_every_example_once(cluster, tmp_path):
+  result = coordinator_run.run_coordinator(_config(cluster, tmp_path, train_steps=EPOCH))
+  assert result.global_step == EPOCH
+  assert np.array_equal(_counts(result), np.ones(EXAMPLES, np.int32))
+  assert result.input["positioned"] and result.input["batches_per_epoch"] == EPOCH
+  accounted = _coverage(tmp_path)
+  assert accounted.ok and accounted.epochs_completed == 1 and accounted.kept == EPOCH
+
+
+def test_a_resumed_run_continues_the_epoch_where_the_checkpoint_was(cluster, tmp_path, caplog):
+  first = coordinator_run.run_coordinator(_config(cluster, tmp_path, train_steps=30))
+  counts = _counts(first)
+  assert counts.sum() == 30 * BATCH and counts.max() == 1  # Part of an epoch, none twice.
+  caplog.set_level("INFO", logger="absl")
+  second = coordinator_run.run_coordinator(_config(cluster, tmp_path, train_steps=EPOCH * 2))
+  # The second coordinator ran the first one's stored traces, on its own variables.
+  assert "full closure rebuilt" in caplog.text and "traced again" not in caplog.text
+  assert np.array_equal(_counts(second), np.full(EXAMPLES, 2, np.int32))
+  accounted = _coverage(tmp_path)
+  assert accounted.ok and accounted.epochs_completed == 2
+  epochs = [e for e in events_lib.EventLog(str(tmp_path)).read() if e.kind == "epoch"]
+  assert [e.step for e in epochs] == [EPOCH, 2 * EPOCH], epochs  # Once each, resume or not.
+
+
+def test_a_python_generator_cannot_be_positioned(runtime):
+  def gen():
+    yield from range(10)
+
+  dataset = tf.data.Dataset.from_generator(gen, output_signature=tf.TensorSpec([], tf.int64))
+  with pytest.raises(errors.UsageError, match="from_generator or py_function"):
+    positioned_lib.PositionedInput(lambda ctx: dataset.batch(2), num_replicas_in_sync=1,
+                                   what="MyTrainer.train_dataset")
+
+
+def test_endless_input_is_read_per_worker_and_said_once(runtime, caplog):
+  step = tf.Variable(0, dtype=tf.int64)
+  endless = input_experiments.dataset_fn_for(100, 4)
+  trainer = input_experiments.CountingTrainer(
+      tf.Variable(tf.zeros([100], tf.int32)), step, lambda ctx: endless(ctx).repeat())
+  with caplog.at_level("WARNING"):
+    ps_trainer = trainer_lib.PSTrainer(trainer, runtime, OPTIONS(steps_per_closure=5))
+  assert not ps_trainer.positioned and ps_trainer.ledger is None
+  assert "is endless (repeat()?)" in caplog.text
+
+
+def test_a_loop_cut_short_by_an_interrupt_takes_no_chunk_it_does_not_train(runtime):
+  step = tf.Variable(0, dtype=tf.int64)
+  counts = tf.Variable(tf.zeros([EXAMPLES], tf.int32))
+  trainer = input_experiments.CountingTrainer(
+      counts, step, input_experiments.dataset_fn_for(EXAMPLES, BATCH))
+  ps_trainer = trainer_lib.PSTrainer(trainer, runtime, OPTIONS(steps_per_closure=5),
+                                     pause=lambda: True)
+  ps_trainer.train(tf.constant(20))  # Pending from the start: one closure, then stop.
+  assert ps_trainer.closures_scheduled == 1
+  assert int(step.numpy()) == ps_trainer.ledger.taken == 5
+  assert counts.numpy().sum() == 5 * BATCH
+
+
+class _ClosureLog:
+  """Wraps the coordinator's `schedule`: which function each closure ran."""
+
+  def __init__(self, coordinator):
+    self._coordinator, self.names = coordinator, []
+
+  def schedule(self, fn, args=None, kwargs=None):
+    name = fn.python_function.__name__  # Less this process's tag and count:
+    self.names.append(worker_functions.kind(name))
+    return self._coordinator.schedule(fn, args=args, kwargs=kwargs)
+
+  def __getattr__(self, name):
+    return getattr(self._coordinator, name)
+
+
+def test_a_looped_start_writes_out_after_its_time_and_reads_each_batch_once(runtime):
+  step = tf.Variable(0, dtype=tf.int64)
+  counts = tf.Variable(tf.zeros([EXAMPLES], tf.int32))
+  trainer = input_experiments.CountingTrainer(
+      counts, step, input_experiments.dataset_fn_for(EXAMPLES, BATCH))
+  closures = _ClosureLog(runtime.coordinator)
+  ps_trainer = trainer_lib.PSTrainer(
+      trainer, dataclasses.replace(runtime, coordinator=closures),
+      OPTIONS(steps_per_closure=10, looped_seconds=1e-9))  # Past once the first loop ends.
+  ps_trainer.train(tf.constant(20))  # Fast-start closures.
+  assert closures.names == ["fast_closure"] * 2 and ps_trainer.full_closure_ready.is_set()
+  assert ps_trainer.last_loop.looped  # Its progress record says so (not full speed).
+  assert not ps_trainer.workers_kept_warm
+  ps_trainer.train(tf.constant(40))  # The rest of the epoch, written out.
+  assert not ps_trainer.last_loop.looped
+  assert closures.names[2:] == ["full_closure"] * 4, closures.names
+  assert ps_trainer.workers_kept_warm  # Their warm-ups trained nothing (below).
+  assert np.array_equal(counts.numpy(), np.ones(EXAMPLES, np.int32))  # Each batch once.
+  assert int(step.numpy()) == EPOCH
+
+
+def test_by_default_every_full_closure_is_written_out(runtime):
+  step = tf.Variable(0, dtype=tf.int64)
+  trainer = input_experiments.CountingTrainer(
+      tf.Variable(tf.zeros([EXAMPLES], tf.int32)), step,
+      input_experiments.dataset_fn_for(EXAMPLES, BATCH))
+  closures = _ClosureLog(runtime.coordinator)
+  ps_trainer = trainer_lib.PSTrainer(trainer, dataclasses.replace(runtime, coordinator=closures),
+                                     OPTIONS(steps_per_closure=5))
+  ps_trainer.train(tf.constant(20))
+  assert closures.names == ["full_closure"] * 4 and ps_trainer.full_closure_ready.is_set()
+  assert ps_trainer.workers_kept_warm and int(step.numpy()) == 20
+  assert not ps_trainer.last_loop.looped
+
+
+def _tail_trainer(runtime, closures, target):
+  # 433 ids in 3 strided shards of 145, 144, 144 ids: 10, 9 and 9 batches of 16.
+  counts = tf.Variable(tf.zeros([433], tf.int32))
+  trainer = input_experiments.CountingTrainer(
+      counts, tf.Variable(0, dtype=tf.int64), input_experiments.dataset_fn_for(433, 16))
+  ps_trainer = trainer_lib.PSTrainer(
+      trainer, dataclasses.replace(runtime, coordinator=closures),
+      OPTIONS(steps_per_closure=10, input_shards=3, loop_slack=4))
+  ps_trainer.target = target
+  assert ps_trainer.ledger.lengths == (10, 9, 9)
+  return ps_trainer, counts
+
+
+def test_a_loop_ends_at_a_shard_tail_instead_of_a_closure_for_it(runtime):
+  closures = _ClosureLog(runtime.coordinator)
+  ps_trainer, counts = _tail_trainer(runtime, closures, target=28)
+  ps_trainer.train(tf.constant(20))  # Shards 0 and 1 (10 + 9): 1 step short, within 4.
+  assert closures.names == ["full_closure", "other_closure"]
+  assert int(ps_trainer.trainer.global_step.numpy()) == ps_trainer.ledger.taken == 19
+  ps_trainer.train(tf.constant(9))  # Reaches the target: exact.
+  assert int(ps_trainer.trainer.global_step.numpy()) == 28
+  assert np.array_equal(counts.numpy(), np.ones(433, np.int32))  # The epoch, each batch once.
+
+
+def test_the_loop_that_reaches_the_target_trains_all_its_steps(runtime):
+  closures = _ClosureLog(runtime.coordinator)
+  ps_trainer, counts = _tail_trainer(runtime, closures, target=20)
+  ps_trainer.train(tf.constant(20))  # 10 + 9, and the shard tail's 1 in a third closure.
+  assert closures.names == ["full_closure", "other_closure", "other_closure"]
+  assert [c.count for c in ps_trainer.last_loop.chunks] == [10, 9, 1]
+  # Shards 0 and 1 whole (145 and 144 ids), and shard 2's first batch.
+  assert int(ps_trainer.trainer.global_step.numpy()) == 20
+  assert counts.numpy().sum() == 145 + 144 + 16
+
+
+def test_orbits_step_count_warning_does_not_reach_the_log(caplog):
+  from absl import logging  # pylint: disable=import-outside-toplevel
+  with caplog.at_level("WARNING"), coordinator_run.routine_lines_dropped():
+    logging.warning("`trainer.train(100)` did not update `global_step` by 100. Old value ...")
+    logging.warning("another warning")
+  assert "did not update" not in caplog.text and "another warning" in caplog.text

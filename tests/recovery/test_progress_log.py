@@ -1,0 +1,27 @@
+"""The progress log (tfps.recovery.progress_log): pure, no TF."""
+
+from tfps.recovery import progress_log as progress_lib
+
+
+def test_progress_log_reads_incrementally_and_skips_a_partial_line(tmp_path):
+  writer, reader = progress_lib.ProgressLog(str(tmp_path)), progress_lib.ProgressLog(str(tmp_path))
+  assert reader.read_new() == []
+  writer.append(100, now=1.0)
+  writer.append(80, restored=True, now=2.0)
+  assert reader.read_new() == [progress_lib.Progress(100, 1.0),
+                               progress_lib.Progress(80, 2.0, restored=True)]
+  with open(writer.path, "a") as f:
+    f.write('{"step": 3')  # A writer caught mid-line.
+  assert reader.read_new() == []
+  with open(writer.path, "a") as f:
+    f.write('00, "time": 3.0}\n')
+  assert reader.read_new() == [progress_lib.Progress(300, 3.0)]
+
+
+def test_a_looped_loop_is_marked_in_the_progress_log(tmp_path):
+  log = progress_lib.ProgressLog(str(tmp_path))
+  log.append(0, restored=True, now=1.0)
+  log.append(200, looped=True, now=2.0)
+  log.append(400, now=3.0)
+  assert [r.looped for r in log.read_new()] == [False, True, False]
+  assert '"looped"' not in (tmp_path / progress_lib.FILE_NAME).read_text().splitlines()[2]
