@@ -12,9 +12,12 @@ The user API, importable from `tfps` itself:
   `BadCheckpointError`, `RetryableError`, `Preempted`, `ExitCode`: the error types and
   exit codes (`tfps.base.errors`).
 
-The parts, one package per concern: `tfps.cluster` (who is in the job and where),
-`tfps.ps_worker` (the server side of a ps or worker), `tfps.coordinator` (the chief's
-training program), `tfps.recovery` (what happens when something fails). The names
+The parts, one package per concern (docs/architecture.md): `tfps.base` (the ground
+floor), `tfps.cluster` (who is in the job and where, local processes), `tfps.recovery`
+(what happens when something fails), `tfps.chaos` (faults on purpose, and how a run is
+judged), `tfps.ps_worker` (the server side of a ps or worker), `tfps.fast_restart`,
+`tfps.input` and `tfps.coordinator` (the chief's training program), `tfps.examples`
+(the built-in experiments), `tfps.bench` and `tfps.commands` (the command line). The names
 above are loaded on first use: `import tfps` alone does not import TensorFlow, so the
 command line stays quick to answer.
 """

@@ -257,18 +257,3 @@ def test_soak_summary_pools_runs_and_splits_by_kind_of_fault():
   assert tracker_lib.soak_summary([None])["recovery_seconds"] == {"p50": None, "max": None}
   assert tracker_lib.soak_summary([None])["goodput"] == {
       "goodput": None, "lowest_run": None, "seconds_per_fault": None}
-
-
-def test_a_fault_in_a_coordinators_first_loop_is_judged_against_the_loops_after_it():
-  tracker = tracker_lib.RecoveryTracker()
-  fault = faults_lib.parse_faults("worker:0@1:kill+3", CLUSTER)[0]
-  tracker.observe([_record(0, 100.0, restored=True)])
-  tracker.injected(fault, wall_time=101.0, since_start=1.0)  # No loop has ended yet.
-  tracker.observe([_record(100, 105.0),  # Recovered: 4 s.
-                   _record(200, 107.0),
-                   _record(300, 109.0),
-                   _record(400, 111.0)])
-  (outcome,) = tracker.outcomes()
-  assert outcome.seconds_to_recover == 4.0 and outcome.longest_stall == 4.0
-  assert outcome.loop_before == 2.0  # The loops after it, in its stead.
-  assert outcome.stall_beyond_loop == 2.0

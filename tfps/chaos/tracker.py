@@ -83,10 +83,6 @@ class _InFlight:
   longest_stall: float = 0.0
   window_open: bool = True
   loop_before: float | None = None
-  # For a fault before any loop ended: the loops after it that end once it is
-  # recovered, an ordinary loop's time in their stead (median).
-  loops_after: list = dataclasses.field(default_factory=list)
-  after_loop_end: float | None = None
 
   @property
   def stall_known(self) -> bool:
@@ -115,8 +111,10 @@ class RecoveryTracker:
   fault left out). Without a fault it is the time of one loop, so each
   fault also gets its stall beyond a loop:
   the longest stall less the median of the `LOOPS_BEFORE` loops that ended
-  before it under the same coordinator; for a fault in a coordinator's first
-  loop, of the `LOOPS_BEFORE` loops after its recovery instead.
+  before it under the same coordinator. A fault in a coordinator's first
+  loop has none: that loop also traces and starts what later loops reuse, so
+  only a fault-free run's first loop tells what the fault added (side by
+  side; `tests/e2e/test_user_experiments.py`).
   """
 
   LOOPS_BEFORE = 10
@@ -169,7 +167,6 @@ class RecoveryTracker:
           f.needs_restore = False
         elif record.step > f.baseline and not f.needs_restore:
           f.seconds_to_recover = round(record.time - f.injected_wall, 2)
-      self._after_recovery(record)
       # After a restore, training stands at the restored step: a later
       # fault must not count the steps an earlier one lost again.
       self._last_step = record.step
@@ -182,18 +179,6 @@ class RecoveryTracker:
           self._loop_seconds.append(record.time - self._last_loop_end)
         self._last_loop_end = record.time
 
-  def _after_recovery(self, record: progress_lib.Progress) -> None:
-    """Ordinary loops, for faults that had none before them: those after recovery."""
-    for f in self._faults:
-      if f.loop_before is not None or f.seconds_to_recover is None:
-        continue
-      if record.restored or len(f.loops_after) >= self.LOOPS_BEFORE:
-        f.after_loop_end = None  # A start is no loop.
-        continue
-      if f.after_loop_end is not None and record.time > f.injected_wall:
-        f.loops_after.append(record.time - f.after_loop_end)
-      f.after_loop_end = record.time
-
   @property
   def all_recovered(self) -> bool:
     return all(f.seconds_to_recover is not None for f in self._faults)
@@ -202,8 +187,7 @@ class RecoveryTracker:
     return [FaultOutcome(f.fault, f.injected_at, f.seconds_to_recover is not None,
                          f.seconds_to_recover, f.steps_lost,
                          round(f.longest_stall, 2) if f.stall_known else None,
-                         f.loop_before if f.loop_before is not None or not f.loops_after
-                         else round(statistics.median(f.loops_after), 2))
+                         f.loop_before)
             for f in self._faults]
 
 

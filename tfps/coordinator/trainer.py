@@ -334,7 +334,10 @@ class PSTrainer(orbit.StandardTrainer):
     to `steps_per_closure`; their traces are kept (positioned input), the
     failover graphs and the warm workers are made for them.
     """
-    if self.step_seconds is None and self._max_closure_seconds > 0:
+    if self.step_seconds is None and self._max_closure_seconds > 0 and self._positioned is None:
+      # Positioned input starts with the fast-start closure, a few steps of the
+      # trainer traced, and measures its loops; calibrating would trace and
+      # instantiate the looped closure too, seconds of every run's first start.
       self._calibrate(iterator, loop)
     full_size = self._full_size = self._closure_steps(self._steps_per_closure)
     if self._positioned is None:
@@ -412,7 +415,8 @@ class PSTrainer(orbit.StandardTrainer):
     Three waves of closures, one per worker, each joined: of one step (it
     instantiates the function on the workers), of one step again, and of
     `_CALIBRATION_STEPS`; the last two are timed (`closure_plan.calibrated`).
-    Only a coordinator that knows no speed (the run's first, at its first loop).
+    Only a coordinator that knows no speed (the run's first, at its first loop),
+    of endless input: its closures are all the looped one, which this makes ready.
     """
     workers, timed = self._runtime.num_workers, []
     for steps in (1, 1, _CALIBRATION_STEPS):
