@@ -81,6 +81,15 @@ def test_a_ps_that_refuses_twice_in_a_row_is_gone_long_before_the_timeout():
                             "2 times in a row (its process is gone"), message
 
 
+def test_a_chief_whose_link_is_down_is_cut_off_not_a_ps_gone():
+  # With its own link down every connection fails at once (no route), the
+  # workers' too: that is the chief cut off, said as such, and without waiting.
+  everyone = {PS0, PS1, W0}
+  (message,) = _run_until_overdue([_answers(set(), refused=everyone)] * 2)
+  assert "refused connections 2 times in a row" in message
+  assert "this chief is cut off from the cluster" in message, message
+
+
 def test_a_ps_back_at_once_but_empty_is_lost_at_the_next_probe():
   # Killed and started again between two probes: it answers, but holds nothing.
   lost = lambda task: "ps:0 lost its variables (it restarted, or is down)" if task == PS0 else None

@@ -189,7 +189,9 @@ def test_checkpoint_of_an_incompatible_model_is_permanent(cluster, factories_dir
   assert not os.path.exists(os.path.join(model_dir, "events.jsonl"))  # No failure so far.
   saved = _checkpoint_files(model_dir)
 
+  # The small ctr: its data is made before the restore is tried.
   run = _run_chief(cluster, [f"--model_dir={model_dir}", "--experiment=ctr", "--mode=train",
+                             f"--experiment_params={chief_run.SMALL_CTR}",
                              "--train_steps=10"], pythonpath=factories_dir)
   assert run.code == 1, run.stderr[-3000:]
   assert tfps_command.error_line(run).startswith(

@@ -107,10 +107,14 @@ class PsDeadline:
                                     if a == readiness.Answer.REFUSED})
       if gone:
         names = ", ".join(f"{t} ({self._cluster.address(t)})" for t in gone)
+        # A chief whose own link is down gets every connection refused at
+        # once (no route): that is this chief cut off, not the ps gone.
+        why = ("no ps and no worker answers: this chief is cut off from the cluster"
+               if not reachable else "its process is gone, and its variables with it")
         self._on_overdue(
             f"lost the cluster: {names} refused connections {self._refusals.rounds} times in "
-            f"a row (its process is gone, and its variables with it); exiting "
-            f"{int(errors.ExitCode.CLUSTER_LOST)} to restart from the latest checkpoint")
+            f"a row ({why}); exiting {int(errors.ExitCode.CLUSTER_LOST)} to restart from the "
+            "latest checkpoint")
         return
       for task in (t for t in self._ps if t in reachable):
         why = self._state_lost(task)
