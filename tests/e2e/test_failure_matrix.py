@@ -24,7 +24,6 @@ from tfps.cluster import local
 from tfps.cluster import processes
 from tfps.recovery import coverage
 from tfps.recovery import policy
-from tfps.recovery import progress_log as progress_lib
 
 from tests.support import chief_run
 
@@ -61,10 +60,7 @@ def cluster(loopback_cluster):
 
 @pytest.fixture(scope="module")
 def run(cluster, tmp_path_factory):
-  training = _chief_run(cluster, str(tmp_path_factory.mktemp("recovery") / "model"))
-  training.chief.start()
-  training.wait_for_step(0, timeout=180)
-  yield training
+  yield _chief_run(cluster, str(tmp_path_factory.mktemp("recovery") / "model")).start_training()
 
 
 @pytest.fixture(autouse=True)
@@ -253,17 +249,10 @@ def test_ps_failing_while_a_worker_recovers(run):
 
 def test_every_example_was_trained_once_per_epoch_through_every_fault_above(run):
   """The ground truth (counts in the checkpoint) against the input accounting."""
-  log = progress_lib.ProgressLog(run.model_dir)
-  records = []
-
-  def two_epochs():
-    records.extend(log.read_new())
-    return coverage.account(records).epochs_completed >= 2
-
-  run.wait_for(two_epochs, timeout=240, what="two whole epochs in the kept history")
+  run.wait_for_epochs(2)
   run.chief.kill(signal.SIGTERM)  # Saves where it is and exits: the final checkpoint.
   assert run.chief.wait(timeout=60) == 143
-  records.extend(log.read_new())
+  records = run.history()
   accounted = coverage.account(records)
   assert accounted.ok, accounted
   assert sum(r.restored for r in records) >= 6  # The rows' ps and chief faults restored.

@@ -59,10 +59,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def run(cluster, model_dir):
-  training = chief_run.ChiefRun(cluster, model_dir, CHIEF_FLAGS)
-  training.chief.start()
-  training.wait_for_step(0, timeout=180)
-  yield training
+  yield chief_run.ChiefRun(cluster, model_dir, CHIEF_FLAGS).start_training()
 
 
 @pytest.fixture(autouse=True)

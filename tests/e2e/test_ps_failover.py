@@ -17,7 +17,6 @@ import pytest
 from tfps.cluster import local
 from tfps.recovery import coverage
 from tfps.recovery import policy
-from tfps.recovery import progress_log as progress_lib
 
 from tests.support import chief_run
 
@@ -80,17 +79,10 @@ def test_a_lost_ps_is_not_waited_for_and_is_taken_back_with_no_example_lost(clus
     assert run.log().count("connected to 2 ps") >= 2
 
     # The ground truth: every example of every completed epoch trained on once.
-    log = progress_lib.ProgressLog(run.model_dir)
-    history = []
-
-    def an_epoch():
-      history.extend(log.read_new())
-      return coverage.account(history).epochs_completed >= 1
-
-    run.wait_for(an_epoch, timeout=240, what="a whole epoch in the kept history")
+    run.wait_for_epochs(1)
     run.chief.kill(signal.SIGTERM)  # Saves where it is: the final checkpoint.
     assert run.chief.wait(timeout=60) == 143
-    history += log.read_new()
+    history = run.history()
     accounted = coverage.account(history)
     assert accounted.ok, accounted
     with open(os.path.join(run.model_dir, "checkpoint")) as f:

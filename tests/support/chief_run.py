@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 from tfps.cluster import local
 from tfps.cluster import processes
 from tfps.cluster import spec as spec_lib
+from tfps.recovery import coverage
 from tfps.recovery import events as events_lib
 from tfps.recovery import progress_log as progress_lib
 
@@ -64,6 +65,27 @@ class ChiefRun:
     self._progress = progress_lib.ProgressLog(model_dir)
     self._progress.read_new()
     self.records: list[progress_lib.Progress] = []
+
+  def start_training(self, timeout: float = 180) -> "ChiefRun":
+    """Starts the chief and waits for its first loop (a module's shared chief)."""
+    self.chief.start()
+    self.wait_for_step(0, timeout=timeout)
+    return self
+
+  def history(self) -> list[progress_lib.Progress]:
+    """model_dir's whole progress log (every coordinator's), as the input accounting reads it."""
+    return progress_lib.ProgressLog(self.model_dir).read_new()
+
+  def wait_for_epochs(self, epochs: int, timeout: float = 240) -> None:
+    """Waits until `epochs` whole epochs are in the kept history (`history`)."""
+    log = progress_lib.ProgressLog(self.model_dir)
+    history: list[progress_lib.Progress] = []
+
+    def enough():
+      history.extend(log.read_new())  # Only what is new: the log grows all the while.
+      return coverage.account(history).epochs_completed >= epochs
+
+    self.wait_for(enough, timeout=timeout, what=f"{epochs} whole epoch(s) in the kept history")
 
   def poll(self) -> list[progress_lib.Progress]:
     new = self._progress.read_new()
