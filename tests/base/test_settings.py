@@ -13,7 +13,9 @@ from tfps.commands import local as local_command
 from tfps.commands import chief
 from tfps.commands import run_spec
 from tfps.base import settings
-from tfps.cluster import k8s
+from tfps.cluster.k8s import config as k8s_config
+from tfps.cluster.k8s import jobset
+from tfps.cluster.k8s import tfjob
 from tfps.cluster import local
 from tfps.cluster import spec as spec_lib
 from tfps.coordinator import api
@@ -68,10 +70,12 @@ def test_tfps_local_runs_with_the_documented_defaults(parse_flags, tmp_path):
 
 
 def test_tfps_run_from_a_rendered_manifest_runs_with_the_documented_defaults(parse_flags):
-  manifest = k8s.render(k8s.JobManifestConfig(
+  config = k8s_config.JobManifestConfig(
       name="j", image="i", extra_flags=tuple(run_spec.RunSpec().to_flags(
-          leave_out=frozenset({"model_dir", "grace_seconds"})))))[0]
-  for replica in manifest["spec"]["tfReplicaSpecs"].values():
+          leave_out=frozenset({"model_dir", "grace_seconds"}))))
+  legacy = tfjob.render(config)[0]["spec"]["tfReplicaSpecs"].values()
+  current = [r["template"]["spec"] for r in jobset.render(config)[0]["spec"]["replicatedJobs"]]
+  for replica in [*legacy, *current]:
     args = replica["template"]["spec"]["containers"][0]["args"]
     spec = run_spec.from_flags(parse_flags(args))
     assert dataclasses.replace(spec, model_dir=None) == run_spec.RunSpec()
@@ -87,4 +91,4 @@ def test_the_python_api_runs_with_the_documented_defaults():
   assert supervisor.SupervisorConfig().cluster_wait_seconds == D["cluster_wait_seconds"]
   assert supervisor.SupervisorConfig().stop_grace_seconds == D["grace_seconds"]
   assert local.LocalClusterConfig().ready_timeout == D["ready_timeout"]
-  assert k8s.JobManifestConfig(name="j", image="i").grace_seconds == D["grace_seconds"]
+  assert k8s_config.JobManifestConfig(name="j", image="i").grace_seconds == D["grace_seconds"]

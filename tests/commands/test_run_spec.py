@@ -80,24 +80,30 @@ def test_every_setting_reaches_the_chief_of_tfps_local(parse, tmp_path, monkeypa
   assert spec.train_steps == (777 if "train_steps" in steps_or_epochs else None)
 
 
-def _manifest_args(tfps, values):
-  result = tfps(["k8s", "--job=every-flag", "--image=i", *_flags(values)])
+def _manifest_args(tfps, values, manifest_format):
+  result = tfps(["k8s", f"--format={manifest_format}", "--job=every-flag", "--image=i",
+                 *_flags(values)])
   assert result.returncode == 0, result.stderr
-  replicas = list(yaml.safe_load_all(result.stdout))[0]["spec"]["tfReplicaSpecs"]
-  return {role: spec["template"]["spec"]["containers"][0]["args"]
-          for role, spec in replicas.items()}
+  spec = list(yaml.safe_load_all(result.stdout))[0]["spec"]
+  if manifest_format == "tfjob":
+    pods = {role.lower(): r["template"] for role, r in spec["tfReplicaSpecs"].items()}
+  else:
+    pods = {r["name"]: r["template"]["spec"]["template"] for r in spec["replicatedJobs"]}
+  return {role: pod["spec"]["containers"][0]["args"] for role, pod in pods.items()}
 
 
+@pytest.mark.parametrize("manifest_format", ["jobset", "tfjob"])
 @pytest.mark.parametrize("steps_or_epochs", STEPS_OR_EPOCHS, ids=["steps", "epochs"])
-def test_every_setting_reaches_the_chief_of_a_k8s_manifest(tfps, parse, steps_or_epochs):
+def test_every_setting_reaches_the_chief_of_a_k8s_manifest(tfps, parse, steps_or_epochs,
+                                                          manifest_format):
   values = {"model_dir": "/model/every-flag", **EVERY_SETTING, **steps_or_epochs}
-  args = _manifest_args(tfps, values)
-  assert args["Chief"][0] == "run"
-  assert parse(args["Chief"]) == parse(["k8s", *_flags(values)])
+  args = _manifest_args(tfps, values, manifest_format)
+  assert args["chief"][0] == "run"
+  assert parse(args["chief"]) == parse(["k8s", *_flags(values)])
   # Every pod runs the same command line; the servers read their grace from it.
-  for role in ("PS", "Worker"):
-    assert args[role] == args["Chief"]
-  assert parse(args["PS"]).grace_seconds == 21.0
+  for role in ("ps", "worker"):
+    assert args[role] == args["chief"]
+  assert parse(args["ps"]).grace_seconds == 21.0
 
 
 def test_spec_file_round_trip(tmp_path):

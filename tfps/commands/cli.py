@@ -3,11 +3,12 @@
 This is the binary edge: the only place that defines flags, reads the
 environment (TF_CONFIG) and turns exception types into exit codes.
 
-  tfps run      role from TF_CONFIG, --cluster_spec FILE, or host flags;
+  tfps run      role from TF_CONFIG, --cluster_spec FILE, host flags, or a JobSet pod's
+                own name (--cluster_from=jobset);
                 ps/worker serve until SIGTERM; chief runs the coordinator.
   tfps local    a whole cluster as local processes on a private loopback.
   tfps chaos    tfps local under a seeded schedule of real faults.
-  tfps k8s      Kubernetes manifests (Kubeflow TFJob) running tfps run everywhere.
+  tfps k8s      Kubernetes manifests (a JobSet, or a Kubeflow TFJob) running tfps run.
   tfps bench    throughput of tfps beside the stock PS patterns, side by side.
 """
 
@@ -28,7 +29,7 @@ _SUMMARIES = {
     "run": "the one binary for every task: ps/worker serve, the chief supervises training",
     "local": "a whole cluster on this machine, run to completion; one JSON line",
     "chaos": "tfps local under real faults; checks every recovery and the input coverage",
-    "k8s": "Kubernetes manifests (Kubeflow TFJob + NetworkPolicy) running tfps run",
+    "k8s": "Kubernetes manifests (JobSet or TFJob, + NetworkPolicy) running tfps run",
     "bench": "tfps beside the stock parameter-server patterns, side by side",
 }
 _sections: dict[str, list[str]] = {}
@@ -62,6 +63,11 @@ flags.DEFINE_integer("task_index", 0, "This task's index within its job.")
 flags.DEFINE_list("ps_hosts", [], "host:port of every ps task (instead of TF_CONFIG).")
 flags.DEFINE_list("worker_hosts", [], "host:port of every worker task.")
 flags.DEFINE_string("chief_host", None, "host:port of the chief.")
+flags.DEFINE_enum("cluster_from", "flags", ["flags", "jobset"],
+                  "flags: the cluster from --cluster_spec, host flags or TF_CONFIG; jobset: "
+                  "derived from this JobSet pod's name and env with --num_ps, --num_workers "
+                  "and --task_port (what `tfps k8s` renders; docs/deployment.md).")
+flags.DEFINE_integer("task_port", 2222, "With --cluster_from=jobset: every task's TF port.")
 flags.DEFINE_integer("inter_op_threads", None, "TF inter-op threads of a ps/worker server.")
 flags.DEFINE_integer("intra_op_threads", None,
                      "TF intra-op threads of a ps/worker server (default: 1 on a ps, "
@@ -98,8 +104,8 @@ for _setting in settings.RUN_SETTINGS:
 _section("training")
 
 # --- local cluster ---------------------------------------------------------------
-flags.DEFINE_integer("num_ps", 2, "tfps local: parameter servers.")
-flags.DEFINE_integer("num_workers", 2, "tfps local: workers.")
+flags.DEFINE_integer("num_ps", 2, "tfps local/k8s, run --cluster_from=jobset: parameter servers.")
+flags.DEFINE_integer("num_workers", 2, "tfps local/k8s, run --cluster_from=jobset: workers.")
 flags.DEFINE_bool("isolate_network", True,
                   "tfps local: run the cluster in a private network namespace (needs root).")
 flags.DEFINE_enum("hosts", "loopback", ["loopback", "netns"],
@@ -139,7 +145,10 @@ flags.DEFINE_list("bench_variants", ["single_process", "tutorial", "model_garden
 _section("bench")
 
 # --- kubernetes ----------------------------------------------------------------------
-flags.DEFINE_string("job", "tfps", "tfps k8s: the TFJob's name.")
+flags.DEFINE_enum("format", "jobset", ["jobset", "tfjob"],
+                  "tfps k8s: jobset (JobSet jobset.x-k8s.io/v1alpha2, plain Indexed Jobs) or "
+                  "tfjob (Kubeflow training-operator v1, legacy).")
+flags.DEFINE_string("job", "tfps", "tfps k8s: the JobSet's (or TFJob's) name, a DNS label.")
 flags.DEFINE_string("image", None, "tfps k8s: container image with tfps installed.")
 flags.DEFINE_string("volume_claim", "tfps-model",
                     "tfps k8s: ReadWriteMany claim mounted at /model ('' for a bucket model_dir).")
@@ -148,12 +157,12 @@ flags.DEFINE_string("volume_claim", "tfps-model",
 _section("k8s")
 # The flags each command reads; `tfps CMD --help` lists these only.
 _HOST_ONLY = {"cluster_spec", "job_name", "task_index", "ps_hosts", "worker_hosts",
-              "chief_host", "inter_op_threads", "intra_op_threads", "thread_spinning",
-              "graph_cache_dir", "preemption_notice", "supervise", "exclude_tasks", "run_spec",
-              "result_file"}
+              "chief_host", "cluster_from", "task_port", "inter_op_threads", "intra_op_threads",
+              "thread_spinning", "graph_cache_dir", "preemption_notice", "supervise",
+              "exclude_tasks", "run_spec", "result_file"}
 _CHIEF = [f for f in _sections["cluster"] if f not in _HOST_ONLY] + _sections["training"]
 COMMAND_FLAGS = {
-    "run": _sections["cluster"] + _sections["training"],
+    "run": _sections["cluster"] + ["num_ps", "num_workers"] + _sections["training"],
     "local": _CHIEF + ["graph_cache_dir"] + _sections["local"],
     "chaos": _CHIEF + ["graph_cache_dir"] + _sections["local"] + _sections["chaos"],
     "k8s": _CHIEF + ["num_ps", "num_workers"] + _sections["k8s"],

@@ -12,6 +12,7 @@ from tfps.base import errors
 from tfps.base import log_summary
 from tfps.base import signals
 from tfps.cluster import spec as spec_lib
+from tfps.cluster.k8s import jobset_env
 from tfps.commands import chief
 from tfps.commands import coordinate
 from tfps.commands import run_spec
@@ -20,7 +21,14 @@ from tfps.recovery import notices
 
 
 def task_config_from_flags(flags) -> spec_lib.TaskConfig:
-  """The cluster and role: --cluster_spec, else host flags, else TF_CONFIG."""
+  """The cluster and role: a JobSet pod's env, --cluster_spec, host flags, or TF_CONFIG."""
+  if flags.cluster_from == "jobset":
+    if flags.cluster_spec or flags.ps_hosts or flags.worker_hosts or flags.chief_host:
+      raise spec_lib.ClusterSpecError(
+          "--cluster_from=jobset: derives the cluster itself; drop --cluster_spec and host flags")
+    layout = jobset_env.JobSetLayout(num_ps=flags.num_ps, num_workers=flags.num_workers,
+                                     port=flags.task_port)
+    return jobset_env.task_config(os.environ, layout)
   if flags.cluster_spec:
     return spec_lib.from_json_file(
         flags.cluster_spec, job_name=flags.job_name,

@@ -1,0 +1,166 @@
+"""`tfps k8s` (a JobSet by default): valid against the API, and the exits do what tfps needs."""
+
+import copy
+
+import pytest
+import yaml
+
+from tests.support import k8s_schemas
+from tfps.base import errors
+from tfps.cluster.k8s import config as config_lib
+from tfps.cluster.k8s import jobset
+from tfps.cluster.k8s import pod_failure
+
+Action = pod_failure.PodFailureAction
+
+
+@pytest.fixture(scope="module")
+def documents():
+  config = config_lib.JobManifestConfig(
+      name="ctr-spot", image="registry.example/tfps:0.1", num_ps=2, num_workers=3,
+      grace_seconds=25, extra_flags=("--train_steps=9000",))
+  return jobset.render(config)
+
+
+def _rjobs(manifest: dict) -> dict:
+  return {r["name"]: r for r in manifest["spec"]["replicatedJobs"]}
+
+
+def _pod(rjob: dict) -> dict:
+  return rjob["template"]["spec"]["template"]["spec"]
+
+
+def test_the_cli_prints_a_jobset_by_default(tfps):
+  result = tfps(["k8s", "--image=img", "--job=j", "--train_steps=7"])
+  assert result.returncode == 0, result.stderr
+  manifest, policy = yaml.safe_load_all(result.stdout)
+  assert (manifest["apiVersion"], manifest["kind"]) == ("jobset.x-k8s.io/v1alpha2", "JobSet")
+  assert policy["kind"] == "NetworkPolicy"
+  k8s_schemas.validate_jobset(manifest)
+  k8s_schemas.validate_core(policy)
+
+
+def test_every_object_is_valid_against_the_api(documents):
+  manifest, policy = documents
+  k8s_schemas.validate_jobset(manifest)
+  k8s_schemas.validate_core(policy)
+
+
+@pytest.mark.parametrize("break_it", [
+    # A misspelt JobSet field (dropped by the API types: the round trip differs).
+    lambda m: m["spec"]["failurePolicy"].update(maxRestart=m["spec"]["failurePolicy"].pop(
+        "maxRestarts")),
+    # A Job field misplaced on the replicated job.
+    lambda m: _rjobs(m)["ps"].update(backoffLimit=6),
+    # A pod field misplaced on the container.
+    lambda m: _pod(_rjobs(m)["worker"])["containers"][0].update(terminationGracePeriodSeconds=9),
+    # Not one of Kubernetes' pod failure actions.
+    lambda m: _rjobs(m)["chief"]["template"]["spec"]["podFailurePolicy"]["rules"][0].update(
+        action="Fail"),
+    # Not one of JobSet's failure policy actions.
+    lambda m: m["spec"]["failurePolicy"]["rules"][0].update(action="FailJob"),
+    # A wrong type.
+    lambda m: _rjobs(m)["worker"]["template"]["spec"].update(parallelism="3"),
+], ids=["misspelt", "misplaced-job-field", "misplaced-pod-field", "pod-action", "jobset-action",
+        "type"])
+def test_the_validators_reject_a_broken_jobset(documents, break_it):
+  broken = copy.deepcopy(documents[0])
+  break_it(broken)
+  with pytest.raises(Exception):  # AssertionError, pydantic or schema ValidationError.
+    k8s_schemas.validate_jobset(broken)
+
+
+def test_one_indexed_job_per_role_with_a_pod_per_task(documents):
+  rjobs = _rjobs(documents[0])
+  assert list(rjobs) == ["chief", "ps", "worker"]
+  for name, count in {"chief": 1, "ps": 2, "worker": 3}.items():
+    job = rjobs[name]["template"]["spec"]
+    assert rjobs[name]["replicas"] == 1
+    assert (job["completionMode"], job["completions"], job["parallelism"]) == (
+        "Indexed", count, count)
+  network = documents[0]["spec"]["network"]
+  assert network == {"enableDNSHostnames": True, "subdomain": "ctr-spot",
+                     "publishNotReadyAddresses": True}
+
+
+@pytest.mark.parametrize("code", list(errors.ExitCode))
+def test_each_exit_code_gets_the_pod_failure_action_tfps_needs(documents, code):
+  for name, rjob in _rjobs(documents[0]).items():
+    rules = rjob["template"]["spec"]["podFailurePolicy"]["rules"]
+    action = pod_failure.action_for(rules, container="tfps", exit_code=int(code))
+    if code == errors.ExitCode.OK:
+      assert action == Action.COUNT  # Not a failure: no rule may match it.
+    elif code.retryable:
+      assert action == Action.IGNORE, (name, code)  # Replaced, not counted.
+    else:
+      assert action == Action.FAIL_JOB, (name, code)  # 1, 2: no retries.
+
+
+def test_a_crash_counts_and_a_disruption_is_ignored(documents):
+  for rjob in _rjobs(documents[0]).values():
+    rules = rjob["template"]["spec"]["podFailurePolicy"]["rules"]
+    # 137: the OOM killer (or any SIGKILL): counted, so an OOM loop ends.
+    assert pod_failure.action_for(rules, container="tfps", exit_code=137) == Action.COUNT
+    assert pod_failure.action_for(rules, container="tfps", exit_code=139) == Action.COUNT
+    # Preempted or evicted: the pod carries DisruptionTarget, whatever its exit.
+    assert pod_failure.action_for(rules, container="tfps", exit_code=137,
+                                  conditions={"DisruptionTarget": "True"}) == Action.IGNORE
+
+
+def test_a_permanent_exit_fails_the_jobset_and_a_crash_loop_restarts_it(documents):
+  policy = documents[0]["spec"]["failurePolicy"]
+  by_reason = {reason: rule["action"] for rule in policy["rules"]
+               for reason in rule["onJobFailureReasons"]}
+  assert by_reason == {"PodFailurePolicy": "FailJobSet", "BackoffLimitExceeded": "RestartJobSet",
+                       "FailedIndexes": "RestartJobSet"}
+  assert policy["maxRestarts"] == jobset.MAX_JOBSET_RESTARTS
+  # Workers fail per index (a crash-looping worker is dropped); the ps and the
+  # chief have no such option: their Job fails.
+  jobs = {name: r["template"]["spec"] for name, r in _rjobs(documents[0]).items()}
+  assert jobs["worker"]["backoffLimitPerIndex"] == jobset.BACKOFF_LIMIT
+  assert "backoffLimit" not in jobs["worker"]
+  assert jobs["ps"]["backoffLimit"] == jobs["chief"]["backoffLimit"] == jobset.BACKOFF_LIMIT
+
+
+def test_the_jobset_succeeds_with_its_chief(documents):
+  assert documents[0]["spec"]["successPolicy"] == {"operator": "All",
+                                                   "targetReplicatedJobs": ["chief"]}
+
+
+def test_every_pod_runs_tfps_run_deriving_its_cluster(documents):
+  for name, rjob in _rjobs(documents[0]).items():
+    pod = _pod(rjob)
+    assert pod["restartPolicy"] == "Never"  # podFailurePolicy requires it.
+    (container,) = pod["containers"]
+    assert container["command"] == ["tfps"]
+    assert container["args"][:5] == ["run", "--cluster_from=jobset", "--num_ps=2",
+                                     "--num_workers=3", "--task_port=2222"]
+    assert {"--grace_seconds=25", "--train_steps=9000",
+            "--model_dir=/model/run"} <= set(container["args"])
+    assert pod["terminationGracePeriodSeconds"] > 25
+    ports = {p["containerPort"] for p in container["ports"]}
+    assert ports == ({2222, 2223} if name == "chief" else {2222})
+    env = {e["name"]: e for e in container["env"]}
+    assert env["JOBSET_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.labels['jobset.sigs.k8s.io/jobset-name']")
+    assert env["JOBSET_SUBDOMAIN"]["value"] == "ctr-spot"
+
+
+def test_the_tfjob_format_is_kept(tfps):
+  result = tfps(["k8s", "--format=tfjob", "--image=img"])
+  assert result.returncode == 0, result.stderr
+  assert next(yaml.safe_load_all(result.stdout))["kind"] == "TFJob"
+
+
+def test_an_unknown_format_is_one_line_exit_2(tfps):
+  result = tfps(["k8s", "--format=helm", "--image=img"])
+  assert result.returncode == 2 and "helm" in result.stderr
+  assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_pod_on_a_lost_node_is_replaced_after_seconds_not_minutes(documents):
+  for rjob in _rjobs(documents[0]).values():
+    tolerations = {t["key"]: t for t in _pod(rjob)["tolerations"]}
+    for taint in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
+      assert tolerations[taint]["effect"] == "NoExecute"
+      assert tolerations[taint]["tolerationSeconds"] < 300  # Kubernetes' default.

@@ -1,0 +1,72 @@
+"""What `tfps k8s` deploys: one validated configuration for every manifest format."""
+
+import dataclasses
+import enum
+import re
+
+from tfps.base import errors
+from tfps.base import settings
+
+TF_PORT = 2222  # Every task's TF server (the training operator's default `tfjob-port`).
+CONTROL_PORT = TF_PORT + 1  # recovery.notices: the chief's TF port + 1.
+MODEL_MOUNT = "/model"
+# Time left after tfps's own grace period, for the process to exit.
+GRACE_MARGIN_SECONDS = 5
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+class ManifestFormat(str, enum.Enum):
+  """Which controller runs the job."""
+
+  JOBSET = "jobset"  # JobSet (jobset.x-k8s.io/v1alpha2): plain Jobs, no operator of its own.
+  TFJOB = "tfjob"  # Kubeflow training-operator v1 (in maintenance): the legacy path.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JobManifestConfig:
+  """What to deploy.
+
+  Attributes:
+    name: the job's name (a DNS label; JobSet pod names are built from it).
+    image: container image with tfps installed.
+    num_ps, num_workers: replica counts.
+    model_dir: a bucket path (`gs://...`, `s3://...`), or a path under the
+      shared volume claim `volume_claim` mounted at /model.
+    volume_claim: name of a ReadWriteMany PersistentVolumeClaim, or None
+      when `model_dir` is a bucket path.
+    grace_seconds: tfps `--grace_seconds` (Spot pods get about 15).
+    extra_flags: more `tfps run` flags (experiment, steps, ...).
+    cpu, memory: resource requests per pod.
+  """
+
+  name: str
+  image: str
+  num_ps: int = 2
+  num_workers: int = 2
+  model_dir: str = f"{MODEL_MOUNT}/run"
+  volume_claim: str | None = "tfps-model"
+  grace_seconds: float = settings.DEFAULTS["grace_seconds"]
+  extra_flags: tuple[str, ...] = ()
+  cpu: str = "1"
+  memory: str = "2Gi"
+
+  def __post_init__(self):
+    if not _DNS_LABEL.fullmatch(self.name):
+      raise errors.UsageError(f"name ({self.name!r}) must be a DNS label (a-z, 0-9, -)")
+    if not self.image:
+      raise errors.UsageError("image: required (an image with tfps installed)")
+    for field in ("num_ps", "num_workers"):
+      if getattr(self, field) < 1:
+        raise errors.UsageError(f"{field} ({getattr(self, field)}) must be a positive integer")
+    if not self.bucket_model_dir and not self.volume_claim:
+      raise errors.UsageError(
+          f"model_dir ({self.model_dir!r}) is not a bucket path, so volume_claim is required")
+    if not self.bucket_model_dir and not self.model_dir.startswith(MODEL_MOUNT + "/"):
+      raise errors.UsageError(
+          f"model_dir ({self.model_dir!r}) must be under {MODEL_MOUNT}/ (the shared volume)")
+    if self.grace_seconds <= 2:
+      raise errors.UsageError(f"grace_seconds ({self.grace_seconds}) must be more than 2")
+
+  @property
+  def bucket_model_dir(self) -> bool:
+    return self.model_dir.startswith(("gs://", "s3://"))

@@ -1,0 +1,115 @@
+"""The default format: a JobSet (jobset.x-k8s.io/v1alpha2) of plain Indexed Jobs.
+
+One replicated job per role, `chief` (1 pod), `ps` and `worker` (one Indexed
+Job each, a pod per task), and no TF_CONFIG: every pod runs
+`tfps run --cluster_from=jobset` and derives the cluster from its own name
+(`jobset_env`). What JobSet and Kubernetes do with each exit:
+
+  * Pod level (each Job's `podFailurePolicy`, pods `restartPolicy: Never`):
+    exit 1 or 2 (a failure tfps will not get past, bad usage) fails the Job
+    at once; the retryable codes (130, 143, 170, 171) and a disruption
+    (preemption, eviction, node drain: the `DisruptionTarget` condition)
+    are ignored, so the Job replaces the pod, under the same name at a new
+    address, without counting it; anything else (137 from the OOM killer, a
+    crash) counts toward the Job's backoff limit, so a crash loop ends.
+  * Replacing a pod restarts only that task: the others keep running and tfps
+    recovers (a lost worker's closures run elsewhere; a lost ps is failed
+    over; a lost chief's replacement restores against the live ps).
+  * Job level (`failurePolicy`): a Job failed by an exit of 1 or 2 fails the
+    JobSet (no retries); a Job whose pods crashed past its backoff limit
+    restarts the JobSet (every Job recreated, tfps resumes from its
+    checkpoint), at most `MAX_JOBSET_RESTARTS` times. JobSet's `RestartJob`
+    (recreate only the failed Job) is alpha in JobSet 0.12 and off by
+    default, so it is not used. Workers count failures per index
+    (`backoffLimitPerIndex`): a worker that keeps crashing is dropped and the
+    job trains on with the others, as tfps does with a worker that stays
+    away.
+  * `successPolicy`: the JobSet succeeds when the chief's Job does; JobSet
+    then deletes the ps and worker Jobs, whose servers never exit by
+    themselves.
+"""
+
+from tfps.base import errors
+from tfps.cluster import spec as spec_lib
+from tfps.cluster.k8s import config as config_lib
+from tfps.cluster.k8s import jobset_env
+from tfps.cluster.k8s import pods
+
+API_VERSION = "jobset.x-k8s.io/v1alpha2"
+CONTAINER = "tfps"
+# Kubernetes' own default for a Job, written out: crashes no exit code explains.
+BACKOFF_LIMIT = 6
+MAX_JOBSET_RESTARTS = 3
+PERMANENT_EXIT_CODES = tuple(sorted(
+    int(c) for c in errors.ExitCode if c != errors.ExitCode.OK and not c.retryable))
+RETRYABLE_EXIT_CODES = tuple(sorted(int(c) for c in errors.ExitCode if c.retryable))
+
+
+def render(config: config_lib.JobManifestConfig) -> list[dict]:
+  """The JobSet and its NetworkPolicy, as plain dicts (dump as YAML or JSON)."""
+  jobset = {
+      "apiVersion": API_VERSION,
+      "kind": "JobSet",
+      "metadata": {"name": config.name, "labels": {"app": "tfps"}},
+      "spec": {
+          "network": {"enableDNSHostnames": True, "subdomain": config.name,
+                      # Tasks find each other while starting, before any is ready.
+                      "publishNotReadyAddresses": True},
+          "successPolicy": {"operator": "All",
+                            "targetReplicatedJobs": [spec_lib.JobType.CHIEF.value]},
+          "failurePolicy": {
+              "maxRestarts": MAX_JOBSET_RESTARTS,
+              "rules": [
+                  {"name": "PermanentExit", "action": "FailJobSet",
+                   "onJobFailureReasons": ["PodFailurePolicy"]},
+                  {"name": "CrashLoop", "action": "RestartJobSet",
+                   "onJobFailureReasons": ["BackoffLimitExceeded", "FailedIndexes"]},
+              ],
+          },
+          "replicatedJobs": [_replicated_job(config, role) for role in jobset_env.ROLES],
+      },
+  }
+  return [jobset, pods.network_policy(config)]
+
+
+def _replicated_job(config: config_lib.JobManifestConfig,
+                    role: spec_lib.JobType) -> dict:
+  count = {spec_lib.JobType.CHIEF: 1, spec_lib.JobType.PS: config.num_ps,
+           spec_lib.JobType.WORKER: config.num_workers}[role]
+  job_spec = {
+      "completionMode": "Indexed",
+      "completions": count,
+      "parallelism": count,
+      "podFailurePolicy": {"rules": _pod_failure_rules()},
+      "template": {
+          "metadata": {"labels": pods.job_labels(config)},
+          "spec": pods.pod_spec(config, _container(config, role), restartPolicy="Never"),
+      },
+  }
+  if role == spec_lib.JobType.WORKER:
+    job_spec["backoffLimitPerIndex"] = BACKOFF_LIMIT
+  else:
+    job_spec["backoffLimit"] = BACKOFF_LIMIT
+  return {"name": role.value, "replicas": 1, "template": {"spec": job_spec}}
+
+
+def _container(config: config_lib.JobManifestConfig, role: spec_lib.JobType) -> dict:
+  cluster_args = ("--cluster_from=jobset", f"--num_ps={config.num_ps}",
+                  f"--num_workers={config.num_workers}", f"--task_port={config_lib.TF_PORT}")
+  env = tuple(
+      {"name": name, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
+      for name, label in jobset_env.LABELS.items())
+  env += ({"name": jobset_env.JOBSET_SUBDOMAIN, "value": config.name},)
+  return pods.container(config, name=CONTAINER, chief=role == spec_lib.JobType.CHIEF,
+                        cluster_args=cluster_args, env=env)
+
+
+def _pod_failure_rules() -> list[dict]:
+  def on_exit(action: str, codes: tuple[int, ...]) -> dict:
+    return {"action": action, "onExitCodes": {
+        "containerName": CONTAINER, "operator": "In", "values": list(codes)}}
+  return [
+      on_exit("FailJob", PERMANENT_EXIT_CODES),
+      on_exit("Ignore", RETRYABLE_EXIT_CODES),
+      {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+  ]
