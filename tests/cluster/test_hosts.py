@@ -12,10 +12,11 @@ from tfps.cluster import processes
 
 
 @pytest.fixture(scope="module")
-def two_hosts():
+def two_hosts(tmp_path_factory):
   if (reason := hosts.unavailable()) is not None:
     pytest.skip(f"virtual hosts unavailable: {reason}")
-  with hosts.VirtualHosts(2) as vh:
+  hosts_file = str(tmp_path_factory.mktemp("hosts") / "hosts")
+  with hosts.VirtualHosts(["alpha", "beta"], hosts_file=hosts_file) as vh:
     yield vh
 
 
@@ -27,16 +28,46 @@ CONNECT = ("import socket, sys\n"
            "except OSError as e: print(type(e).__name__)\n")
 
 
-def _connect(vh, src: int, dst: int) -> str:
-  return vh.run(src, [sys.executable, "-c", CONNECT, vh.ip(dst)], timeout=10).strip()
+def _connect(vh, src: int, dst: int | str) -> str:
+  target = dst if isinstance(dst, str) else vh.ip(dst)
+  return vh.run(src, [sys.executable, "-c", CONNECT, target], timeout=10).strip()
+
+
+def _listen(vh, host: int) -> subprocess.Popen:
+  listener = processes.spawn([sys.executable, "-c", LISTEN], netns_fd=vh.fd(host),
+                             stdout=subprocess.PIPE)
+  ready, _, _ = select.select([listener.stdout], [], [], 10)
+  assert ready and listener.stdout.readline().strip() == b"listening"
+  return listener
+
+
+def _resolve(vh, src: int, name: str) -> str:
+  return vh.run(src, ["getent", "hosts", name]).split()[0]
+
+
+def test_a_moved_host_keeps_its_name_at_a_new_address(two_hosts):
+  old_ip = two_hosts.ip(1)
+  assert _resolve(two_hosts, 0, "beta") == old_ip
+  assert _resolve(two_hosts, 1, "alpha") == two_hosts.ip(0)
+  # This machine's own /etc/hosts is not touched: the file is bound over it
+  # in the processes' own mount namespaces only.
+  assert "beta" not in open("/etc/hosts").read()
+  new_ip = two_hosts.move(1)
+  assert new_ip != old_ip
+  assert _resolve(two_hosts, 0, "beta") == new_ip
+  listener = _listen(two_hosts, 1)
+  try:
+    assert _connect(two_hosts, 0, "beta") == "connected"
+    # Nothing answers at the old address: as after a pod's restart.
+    assert _connect(two_hosts, 0, old_ip) in ("timeout", "ConnectionRefusedError", "OSError")
+  finally:
+    processes.stop_group(listener, grace=0)
+    listener.stdout.close()
 
 
 def test_a_cut_link_drops_packets_until_healed(two_hosts):
-  listener = processes.spawn([sys.executable, "-c", LISTEN], netns_fd=two_hosts.fd(1),
-                             stdout=subprocess.PIPE)
+  listener = _listen(two_hosts, 1)
   try:
-    ready, _, _ = select.select([listener.stdout], [], [], 10)
-    assert ready and listener.stdout.readline().strip() == b"listening"
     assert _connect(two_hosts, 0, 1) == "connected"
     two_hosts.partition(1)
     try:

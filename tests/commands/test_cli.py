@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from tests.support.tfps_command import TFPS
+from tfps.commands import cli
 
 CLUSTER = {"chief": ["localhost:1001"], "ps": ["localhost:1002"], "worker": ["localhost:1003"]}
 
@@ -152,3 +153,14 @@ def test_help_lists_the_commands_and_each_commands_own_flags(tfps):
   assert "--window_steps" not in chaos.stdout and "--image" not in chaos.stdout
   bench = tfps(["bench", "--help"])
   assert "--window_steps" in bench.stdout and "--image" not in bench.stdout
+
+
+@pytest.mark.parametrize("user, expected", [
+    (None, "grpc.dns_min_time_between_resolutions_ms=1000"),
+    ("grpc.keepalive_time_ms=60000",
+     "grpc.keepalive_time_ms=60000,grpc.dns_min_time_between_resolutions_ms=1000"),
+    ("grpc.dns_min_time_between_resolutions_ms=5000", "grpc.dns_min_time_between_resolutions_ms=5000"),
+])
+def test_grpc_looks_names_up_again_within_a_second_unless_the_user_says(user, expected):
+  # A task restarted under its name at a new address is found in about a second.
+  assert cli.grpc_options(user) == expected

@@ -6,10 +6,12 @@ the module. Its tests share one supervised chief training without end; each
 cuts one task's link, checks from the progress log (`progress.jsonl`) and the
 event log how training came back, then heals the link. A cut link drops
 packets (TCP hangs, nothing is refused), which is what these tests are about.
-The last test kills a worker for good instead (refused at once, no hang):
-the failure matrix's "worker gone for good" row, here because this chief's
---worker_timeout is short (the row tests' chief needs one long enough for a
-killed worker to come back, test_failure_matrix.py).
+The last tests kill tasks instead (refused at once, no hang), and start them
+again on a new host at a new address under the same name, as Kubernetes
+restarts a pod: a ps, and a worker for good (the failure matrix's "worker
+gone for good" row, here because this chief's --worker_timeout is short; the
+row tests' chief needs one long enough for a killed worker to come back,
+test_failure_matrix.py).
 
 Every wait is bounded and names what it waited for. Skipped, with the
 reason, where network namespaces cannot be made (not root, no iproute2).
@@ -19,6 +21,7 @@ import signal
 
 import pytest
 
+from tfps.cluster import local
 from tfps.recovery import policy
 
 from tests.support import chief_run
@@ -72,10 +75,16 @@ def _healthy(request):
   yield
 
 
-def test_every_task_has_its_own_address_and_the_chief_trains(run):
-  addresses = [run.cluster.spec.address(t) for t in run.cluster.spec.tasks()]
-  assert all(a.startswith("10.213.0.") for a in addresses), addresses
-  assert len(set(addresses)) == len(addresses), addresses
+def _ip(run, task) -> str:
+  return run.cluster.run_tool(["getent", "hosts", local.host_name(task)]).split()[0]
+
+
+def test_every_task_has_its_own_name_and_address_and_the_chief_trains(run):
+  tasks = list(run.cluster.spec.tasks())
+  assert [run.cluster.spec.address(t) for t in tasks] == [
+      f"{local.host_name(t)}:2222" for t in tasks]
+  ips = [_ip(run, t) for t in tasks]
+  assert all(ip.startswith("10.213.") for ip in ips) and len(set(ips)) == len(ips), ips
   run.wait_for_step(run.step + 100)
 
 
@@ -115,10 +124,10 @@ def test_partitioned_ps_is_a_ps_loss_restored_from_the_last_checkpoint(run):
   # Normally the coordinator's own deadline; the supervisor's backstop (its
   # deadline, 8 s later) if the coordinator could not act on it.
   assert (failure.detail.startswith("coordinator exited with code 170: lost the cluster: "
-                                    "ps:0 (10.213.0.3:2222) did not answer for 10s "
+                                    "ps:0 (ps-0:2222) did not answer for 10s "
                                     "(partitioned or hung")
           or failure.detail.startswith("coordinator stopped by the supervisor: lost the "
-                                       "cluster: ps:0 (10.213.0.3:2222) did not answer for ")
+                                       "cluster: ps:0 (ps-0:2222) did not answer for ")
           ), failure.detail
   step = max(step, run.step)
   restored = run.wait_for_restart_and_progress(records, timeout=150)
@@ -143,6 +152,21 @@ def test_partitioned_chief_recovers_like_a_lost_chief(run):
   assert not [e for e in run.events()[events:] if e.failure == WORKER_GONE]
 
 
+def test_a_killed_ps_back_at_a_new_address_is_found_by_name(run):
+  ps = run.cluster.ps(0)
+  events, records = len(run.events()), len(run.records)
+  step, old_ip = run.step, _ip(run, ps.task)
+  ps.kill(signal.SIGKILL)
+  assert ps.wait(timeout=10) == -signal.SIGKILL
+  run.wait_for(lambda: any(e.failure == PS_LOST for e in run.events()[events:]),
+               timeout=PS_TIMEOUT + 30, what="the supervisor to record the ps loss")
+  ps.start()  # On a new host: same name, new address.
+  assert _ip(run, ps.task) != old_ip
+  restored = run.wait_for_restart_and_progress(records, timeout=150)
+  assert 0 <= max(step, restored.step) - restored.step <= chief_run.MAX_STEPS_LOST
+  run.wait_for_step(restored.step + 100)
+
+
 def test_killed_worker_that_never_returns_is_left_out_then_taken_back(run):
   worker = run.cluster.worker(1)
   events, records = len(run.events()), len(run.records)
@@ -157,8 +181,9 @@ def test_killed_worker_that_never_returns_is_left_out_then_taken_back(run):
   assert "without worker:1" in run.log()
   # It saved before restarting: nothing lost.
   assert left_out.step == max(r.step for r in run.records[:run.records.index(left_out)])
-  records = len(run.records)
-  worker.start()  # ...and takes it back when it answers again.
+  records, old_ip = len(run.records), _ip(run, worker.task)
+  worker.start()  # ...and takes it back when it answers again, at its new address.
+  assert _ip(run, worker.task) != old_ip
   run.wait_for(lambda: any(e.task == "worker:1" and e.task_change == "back"
                            and not e.tasks_left_out for e in run.events()[events:]),
                timeout=60, what="worker:1 to be taken back")

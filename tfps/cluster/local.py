@@ -57,7 +57,12 @@ class LocalClusterConfig:
     work_dir: where the spec file and per-task logs go; default a temp dir.
     isolate_network: run in a private network namespace when possible.
     hosts: "loopback" (every task on one private loopback) or "netns" (every
-      task on its own virtual host with its own address, see `hosts`).
+      task on its own virtual host with its own address, see `hosts`; the
+      cluster spec names the hosts, `chief-0`, `ps-1`, ..., not addresses).
+    new_address_on_restart: on virtual hosts, a task started again comes
+      back on a new host at a new address under the same name, as a
+      Kubernetes pod does (False: at the same address, as a VM restarted in
+      place).
     ready_timeout: seconds to wait for every task to answer after a start.
     task_flags: extra flags for every ps/worker `tfps run`.
     graph_cache_dir: where workers keep the function graphs TensorFlow
@@ -70,6 +75,7 @@ class LocalClusterConfig:
   work_dir: str | None = None
   isolate_network: bool = True
   hosts: str = "loopback"
+  new_address_on_restart: bool = True
   ready_timeout: float = settings.DEFAULTS["ready_timeout"]
   task_flags: tuple[str, ...] = ()
   graph_cache_dir: str | None = None
@@ -108,7 +114,7 @@ class TaskExitedError(errors.TfpsError):
 
 
 class TaskHandle:
-  """One task's process. Its address never changes across restarts."""
+  """One task's process. Its name in the cluster spec never changes across restarts."""
 
   def __init__(self, cluster: "LocalCluster", task: TaskId, argv: Sequence[str],
                stdout_path: str | None = None, stderr_to_parent: bool = False):
@@ -144,6 +150,8 @@ class TaskHandle:
   def start(self) -> None:
     if self.alive:
       raise RuntimeError(f"{self.task} is already running (pid {self.pid})")
+    if self.starts:
+      self._cluster.host_restarting(self.task)
     with open(self.log_path, "a", encoding="utf-8") as log, (
         open(self._stdout_path, "a", encoding="utf-8") if self._stdout_path
         else contextlib.nullcontext()) as out:
@@ -195,7 +203,7 @@ class TaskHandle:
     return processes.stop_group(self._process, grace=grace)
 
   def restart(self, *, wait_ready: bool = True, timeout: float | None = None) -> None:
-    """Kills the task if it runs (SIGKILL), starts it again at the same address."""
+    """Kills the task if it runs (SIGKILL), starts it again under the same name."""
     if self.alive:
       self.kill(signal.SIGKILL)
       self.wait(timeout=10.0)
@@ -219,10 +227,10 @@ class LocalCluster:
     self.network: netns.PrivateNetwork | None = None
     self.virtual_hosts: hosts_lib.VirtualHosts | None = None
     if config.hosts == "netns":
-      # Like separate VMs: every task on its own host, all on the same port.
-      ips = iter(hosts_lib.VirtualHosts.ips(1 + config.num_ps + config.num_workers))
-      take = lambda n: [f"{next(ips)}:{_NETNS_PORT}" for _ in range(n)]
-      jobs = {"chief": take(1), "ps": take(config.num_ps), "worker": take(config.num_workers)}
+      # Like separate VMs: every task on its own named host, all on the same port.
+      counts = {"chief": 1, "ps": config.num_ps, "worker": config.num_workers}
+      jobs = {job: [f"{host_name(TaskId(JobType(job), i))}:{_NETNS_PORT}" for i in range(n)]
+              for job, n in counts.items()}
     else:
       jobs = {"chief": [_chief_address()], "ps": _addresses(config.num_ps),
               "worker": _addresses(config.num_workers)}
@@ -240,7 +248,8 @@ class LocalCluster:
       json.dump({"cluster": self.spec.as_dict()}, f)
     atexit.register(self.close)
     if self.config.hosts == "netns":
-      self.virtual_hosts = hosts_lib.VirtualHosts(len(self._host_of))
+      self.virtual_hosts = hosts_lib.VirtualHosts(
+          [host_name(task) for task in self._host_of], os.path.join(self.log_dir, "hosts"))
     elif self.config.isolate_network:
       self.network = netns.PrivateNetwork.create()
     try:
@@ -302,6 +311,12 @@ class LocalCluster:
       return self.virtual_hosts.fd(self._host_of[task or TaskId(JobType.CHIEF, 0)])
     return self.network.fd if self.network is not None else None
 
+  def host_restarting(self, task: TaskId) -> None:
+    """`task` is about to start again: on virtual hosts, on a new host at a new address."""
+    if self.virtual_hosts is not None and self.config.new_address_on_restart:
+      address = self.virtual_hosts.move(self._host_of[task])
+      logging.info("%s comes back at a new address: %s is %s now", task, host_name(task), address)
+
   def partition(self, task: TaskId) -> None:
     """Cuts `task`'s host off the network (netns hosts only)."""
     self._require_hosts("partition").partition(self._host_of[task])
@@ -339,7 +354,8 @@ class LocalCluster:
     """Starts a process in the cluster's network (on `task`'s host), tied to our life."""
     if self._closed:
       raise RuntimeError("the local cluster is closed")
-    return processes.spawn(argv, netns_fd=self._netns_fd(task), **kwargs)
+    hosts_file = self.virtual_hosts.hosts_file if self.virtual_hosts is not None else None
+    return processes.spawn(argv, netns_fd=self._netns_fd(task), hosts_file=hosts_file, **kwargs)
 
   def wait_ready(self, tasks: Sequence[TaskId] | None = None,
                  timeout: float | None = None) -> None:
@@ -397,6 +413,11 @@ class LocalCluster:
     """TCP ports listening in the cluster's network (on `task`'s host)."""
     out = self.run_tool(["ss", "-ltnH"], task=task)
     return {int(line.split()[3].rpartition(":")[2]) for line in out.splitlines() if line.strip()}
+
+
+def host_name(task: TaskId) -> str:
+  """A task's host name on virtual hosts (`ps-1`): what the cluster spec lists."""
+  return f"{task.job.value}-{task.index}"
 
 
 def _chief_address() -> str:

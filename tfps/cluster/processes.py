@@ -34,16 +34,21 @@ from tfps.cluster import launcher
 _LAUNCHER = launcher.__file__
 
 
-def launch_argv(argv: Sequence[str], *, parent_pid: int, netns_fd: int | None) -> list[str]:
-  """`argv` behind the launcher: tied to `parent_pid`, in the namespace at `netns_fd`."""
+def launch_argv(argv: Sequence[str], *, parent_pid: int, netns_fd: int | None,
+                hosts_file: str | None = None) -> list[str]:
+  """`argv` behind the launcher: tied to `parent_pid`, in `netns_fd`, `hosts_file` its hosts."""
   return [sys.executable, "-I", "-S", _LAUNCHER, str(parent_pid),
-          "-" if netns_fd is None else str(netns_fd), "--", *argv]
+          "-" if netns_fd is None else str(netns_fd), hosts_file or "-", "--", *argv]
 
 
 def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
           stdout=None, stderr=None, stdin=subprocess.DEVNULL,
-          netns_fd: int | None = None, cwd: str | None = None) -> subprocess.Popen:
+          netns_fd: int | None = None, hosts_file: str | None = None,
+          cwd: str | None = None) -> subprocess.Popen:
   """Starts `argv` in a new process group, tied to this process's life.
+
+  `netns_fd`: a network namespace to run in; `hosts_file`: what the process
+  sees as /etc/hosts (needs root; see `launcher`).
 
   Raises:
     FileNotFoundError: `argv[0]` is not a program on the PATH (as `Popen` would).
@@ -53,7 +58,7 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
     raise FileNotFoundError(f"{argv[0]!r}: no such program")
   pass_fds = (netns_fd,) if netns_fd is not None else ()
   return subprocess.Popen(
-      launch_argv(argv, parent_pid=os.getpid(), netns_fd=netns_fd),
+      launch_argv(argv, parent_pid=os.getpid(), netns_fd=netns_fd, hosts_file=hosts_file),
       env=dict(env) if env is not None else None, cwd=cwd,
       stdin=stdin, stdout=stdout, stderr=stderr,
       start_new_session=True, pass_fds=pass_fds)

@@ -98,6 +98,7 @@ def cluster_config(flags, model_dir: str) -> local.LocalClusterConfig:
   return local.LocalClusterConfig(
       num_ps=flags.num_ps, num_workers=flags.num_workers, work_dir=model_dir,
       isolate_network=flags.isolate_network, hosts=flags.hosts,
+      new_address_on_restart=flags.new_address_on_restart,
       ready_timeout=flags.ready_timeout, graph_cache_dir=flags.graph_cache_dir)
 
 
