@@ -34,6 +34,7 @@ class JobManifestConfig:
       shared volume claim `volume_claim` mounted at /model.
     volume_claim: name of a ReadWriteMany PersistentVolumeClaim, or None
       when `model_dir` is a bucket path.
+    model_mount: where the claim is mounted in every pod.
     grace_seconds: tfps `--grace_seconds` (Spot pods get about 15).
     extra_flags: more `tfps run` flags (experiment, steps, ...).
     cpu, memory: resource requests per pod.
@@ -45,6 +46,7 @@ class JobManifestConfig:
   num_workers: int = 2
   model_dir: str = f"{MODEL_MOUNT}/run"
   volume_claim: str | None = "tfps-model"
+  model_mount: str = MODEL_MOUNT
   grace_seconds: float = settings.DEFAULTS["grace_seconds"]
   extra_flags: tuple[str, ...] = ()
   cpu: str = "1"
@@ -61,9 +63,9 @@ class JobManifestConfig:
     if not self.bucket_model_dir and not self.volume_claim:
       raise errors.UsageError(
           f"model_dir ({self.model_dir!r}) is not a bucket path, so volume_claim is required")
-    if not self.bucket_model_dir and not self.model_dir.startswith(MODEL_MOUNT + "/"):
-      raise errors.UsageError(
-          f"model_dir ({self.model_dir!r}) must be under {MODEL_MOUNT}/ (the shared volume)")
+    if not self.bucket_model_dir and not self.model_dir.startswith(self.model_mount + "/"):
+      raise errors.UsageError(f"model_dir ({self.model_dir!r}) must be under "
+                              f"{self.model_mount}/ (the shared volume)")
     if self.grace_seconds <= 2:
       raise errors.UsageError(f"grace_seconds ({self.grace_seconds}) must be more than 2")
 

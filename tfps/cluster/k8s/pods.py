@@ -47,7 +47,7 @@ def container(config: _JobManifestConfig, *, name: str, chief: bool,
   if env:
     rendered["env"] = list(env)
   if _needs_volume(config):
-    rendered["volumeMounts"] = [{"name": "model", "mountPath": config_lib.MODEL_MOUNT}]
+    rendered["volumeMounts"] = [{"name": "model", "mountPath": config.model_mount}]
   return rendered
 
 
