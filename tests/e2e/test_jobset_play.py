@@ -1,13 +1,14 @@
-"""The rendered JobSet, played here: its exact command, env, names and exit policies together.
+"""The rendered manifests, played here: exact command, env, names and exit policies together.
 
-`jobset_player` runs every pod of a `tfps k8s` JobSet on a virtual host named
-as JobSet names it, with the env the pod would get, and does what JobSet and
-the Job controller would do when a pod ends (read from the manifest). A
-worker, the ps and the chief are SIGKILLed in turn, each once training has
-gone on after the previous one; each comes back as a new pod at a new
-address under its name, and the job must train to the end. A bad value of a
-flag must end the job at once, without a retry. Skipped where network
-namespaces cannot be made.
+`player` runs every pod of a `tfps k8s` JobSet (or TFJob) on a virtual host
+named as the platform names it, with the env the pod would get, and does
+what the controllers would do when a pod ends (read from the manifest). In
+the JobSet, a worker, the ps and the chief are SIGKILLed in turn, each once
+training has gone on after the previous one; each comes back as a new pod at
+a new address under its name, and the job must train to the end. A bad value
+of a flag must end the job at once, without a retry. The legacy TFJob trains
+through a worker SIGKILL the same way. Skipped where network namespaces
+cannot be made.
 """
 
 import os
@@ -18,8 +19,9 @@ import pytest
 from tfps.cluster import hosts
 from tfps.cluster.k8s import config as config_lib
 from tfps.cluster.k8s import jobset
-from tfps.cluster.k8s import jobset_player
 from tfps.cluster.k8s import jobset_policy
+from tfps.cluster.k8s import player as player_lib
+from tfps.cluster.k8s import tfjob
 from tfps.recovery import progress_log
 
 from tests.support import chief_run
@@ -31,6 +33,10 @@ TRAIN_STEPS = 2000
 # (recovered) reach STEPS_BETWEEN: far below TRAIN_STEPS, whatever the speed.
 KILLS = ("play-worker-0-1", "play-ps-0-0", "play-chief-0-0")
 STEPS_BETWEEN = 100
+TRAINING = (f"--experiment_params={chief_run.SMALL_CTR}", "--mode=train",
+            f"--train_steps={TRAIN_STEPS}", f"--steps_per_loop={chief_run.STEPS_PER_LOOP}",
+            f"--steps_per_closure={chief_run.STEPS_PER_CLOSURE}",
+            f"--checkpoint_interval={chief_run.CHECKPOINT_INTERVAL}", "--global_batch_size=128")
 
 
 @pytest.fixture(autouse=True)
@@ -39,25 +45,26 @@ def _needs_virtual_hosts():
     pytest.skip(f"virtual hosts unavailable: {reason}")
 
 
-def _manifest(volume: str, *flags: str) -> dict:
-  return jobset.render(config_lib.JobManifestConfig(
+def _manifest(volume: str, *flags: str, render=jobset.render) -> dict:
+  return render(config_lib.JobManifestConfig(
       name="play", image="unused", num_ps=1, num_workers=2, model_mount=volume,
       model_dir=f"{volume}/run", grace_seconds=5, extra_flags=flags))[0]
 
 
 class _KillSchedule:
-  """Kills the next pod of KILLS once training has gone STEPS_BETWEEN steps past the last."""
+  """Kills the next of `kills` once training has gone STEPS_BETWEEN steps past the last."""
 
-  def __init__(self, model_dir: str):
+  def __init__(self, model_dir: str, kills: tuple[str, ...]):
     self._progress = progress_log.ProgressLog(model_dir)
+    self._kills = kills
     self._step, self._since = 0, 0
     self.killed: list[tuple[str, int]] = []  # (pod, step)
 
-  def poll(self, player: jobset_player.JobSetPlayer) -> None:
+  def poll(self, player: player_lib.Player) -> None:
     trained = [r.step for r in self._progress.read_new() if not r.restored]
     self._step = max([self._step, *trained])
-    if len(self.killed) < len(KILLS) and self._step >= self._since + STEPS_BETWEEN:
-      pod = KILLS[len(self.killed)]
+    if len(self.killed) < len(self._kills) and self._step >= self._since + STEPS_BETWEEN:
+      pod = self._kills[len(self.killed)]
       assert player.pid(pod) is not None, f"{pod} is not running"
       player.kill(pod, signal.SIGKILL)
       self.killed.append((pod, self._step))
@@ -67,15 +74,10 @@ class _KillSchedule:
 def test_the_jobset_trains_to_the_end_through_a_worker_a_ps_and_a_chief_sigkill(tmp_path):
   volume = str(tmp_path / "volume")
   os.makedirs(f"{volume}/run")
-  manifest = _manifest(
-      volume, f"--experiment_params={chief_run.SMALL_CTR}", "--mode=train",
-      f"--train_steps={TRAIN_STEPS}", f"--steps_per_loop={chief_run.STEPS_PER_LOOP}",
-      f"--steps_per_closure={chief_run.STEPS_PER_CLOSURE}",
-      f"--checkpoint_interval={chief_run.CHECKPOINT_INTERVAL}", "--global_batch_size=128")
-  schedule = _KillSchedule(f"{volume}/run")
-  with jobset_player.JobSetPlayer(manifest, str(tmp_path / "play")) as player:
-    result = player.run(timeout=900, on_poll=schedule.poll)
-  assert result.outcome == jobset_policy.Outcome.JOBSET_SUCCEEDED, result
+  schedule = _KillSchedule(f"{volume}/run", KILLS)
+  with player_lib.jobset_player(_manifest(volume, *TRAINING), str(tmp_path / "play")) as player:
+    result = player.run(timeout=280, on_poll=schedule.poll)
+  assert result.outcome == jobset_policy.Outcome.SUCCEEDED, result
   assert [pod for pod, _ in schedule.killed] == list(KILLS)
   # Each killed pod came back once, as a new pod; nothing else restarted.
   assert result.starts == {"play-chief-0-0": 2, "play-ps-0-0": 2, "play-worker-0-0": 1,
@@ -89,9 +91,22 @@ def test_a_bad_flag_value_fails_the_jobset_without_a_retry(tmp_path):
   volume = str(tmp_path / "volume")
   os.makedirs(volume)
   manifest = _manifest(volume, "--train_steps=0")  # The chief refuses it: exit 2.
-  with jobset_player.JobSetPlayer(manifest, str(tmp_path / "play")) as player:
+  with player_lib.jobset_player(manifest, str(tmp_path / "play")) as player:
     result = player.run(timeout=120)
-  assert result.outcome == jobset_policy.Outcome.JOBSET_FAILED
+  assert result.outcome == jobset_policy.Outcome.FAILED
   assert result.starts["play-chief-0-0"] == 1 and result.restarts == 0
   with open(tmp_path / "play" / "logs" / "play-chief-0-0.log", encoding="utf-8") as log:
     assert "tfps: error: train_steps (0) must be a positive integer" in log.read()
+
+
+def test_the_legacy_tfjob_trains_to_the_end_through_a_worker_sigkill(tmp_path):
+  volume = str(tmp_path / "volume")
+  os.makedirs(f"{volume}/run")
+  manifest = _manifest(volume, *TRAINING, render=tfjob.render)
+  schedule = _KillSchedule(f"{volume}/run", ("play-worker-1",))
+  with player_lib.tfjob_player(manifest, str(tmp_path / "play")) as player:
+    result = player.run(timeout=280, on_poll=schedule.poll)
+  assert result.outcome == jobset_policy.Outcome.SUCCEEDED, result
+  assert schedule.killed and result.starts["play-worker-1"] == 2
+  steps = [r.step for r in progress_log.ProgressLog(f"{volume}/run").read_new()]
+  assert max(steps) == TRAIN_STEPS

@@ -31,7 +31,7 @@ def test_a_retryable_exit_replaces_the_pod_and_counts_nothing(job, code):
 @pytest.mark.parametrize("code", [1, 2])
 def test_a_permanent_exit_fails_the_jobset_at_once(job, code):
   outcome, _ = _exit(jobset_policy.PlayState(), job, 0, code)
-  assert outcome == Outcome.JOBSET_FAILED
+  assert outcome == Outcome.FAILED
 
 
 def test_a_crash_loop_of_the_ps_restarts_the_jobset_until_max_restarts():
@@ -42,8 +42,8 @@ def test_a_crash_loop_of_the_ps_restarts_the_jobset_until_max_restarts():
       assert outcome == Outcome.REPLACE_POD
     outcome, state = _exit(state, "ps", 0, 139)
     if restart < jobset.MAX_JOBSET_RESTARTS:
-      assert outcome == Outcome.RESTART_JOBSET and state.restarts == restart + 1
-  assert outcome == Outcome.JOBSET_FAILED
+      assert outcome == Outcome.RESTART_ALL and state.restarts == restart + 1
+  assert outcome == Outcome.FAILED
 
 
 def test_a_crash_looping_worker_is_dropped_and_the_others_go_on():
@@ -57,7 +57,7 @@ def test_a_crash_looping_worker_is_dropped_and_the_others_go_on():
   assert outcome == Outcome.REPLACE_POD
   for _ in range(jobset.BACKOFF_LIMIT + 1):
     outcome, state = _exit(state, "worker", 0, 137)
-  assert outcome == Outcome.RESTART_JOBSET  # Every worker index failed: the Job failed.
+  assert outcome == Outcome.RESTART_ALL  # Every worker index failed: the Job failed.
 
 
 def test_a_disruption_is_ignored_whatever_the_exit():
@@ -67,6 +67,6 @@ def test_a_disruption_is_ignored_whatever_the_exit():
 
 def test_the_jobset_succeeds_with_its_chief_alone():
   outcome, _ = _exit(jobset_policy.PlayState(), "chief", 0, 0)
-  assert outcome == Outcome.JOBSET_SUCCEEDED
+  assert outcome == Outcome.SUCCEEDED
   outcome, _ = _exit(jobset_policy.PlayState(), "worker", 0, 0)
   assert outcome == Outcome.INDEX_DONE

@@ -11,28 +11,12 @@ pod: used to check the manifest against `jobset_env`, and to play a JobSet on
 this machine without an API server.
 """
 
-import dataclasses
 import re
 
 from tfps.cluster.k8s import jobset_env
+from tfps.cluster.k8s.planned_pod import PlannedPod
 
 _LABEL_REF = re.compile(r"metadata\.labels\['([^']+)'\]")
-
-
-@dataclasses.dataclass(frozen=True)
-class PlannedPod:
-  """One pod: its DNS name parts, its container's command line and env."""
-
-  replicated_job: str
-  index: int  # The pod's completion index within its Job.
-  hostname: str
-  subdomain: str
-  argv: tuple[str, ...]
-  env: tuple[tuple[str, str], ...]
-
-  @property
-  def dns_name(self) -> str:
-    return f"{self.hostname}.{self.subdomain}"
 
 
 def planned_pods(manifest: dict) -> list[PlannedPod]:

@@ -26,13 +26,13 @@ from tfps.cluster.k8s import pod_failure
 
 
 class Outcome(str, enum.Enum):
-  """What happens after a pod ended."""
+  """What happens after a pod ended (of a JobSet, or of a TFJob: `tfjob_policy`)."""
 
   REPLACE_POD = "replace_pod"  # A new pod for the same index (new address).
   INDEX_DONE = "index_done"  # Nothing runs for this index any more.
-  RESTART_JOBSET = "restart_jobset"  # Every pod stopped and started again.
-  JOBSET_FAILED = "jobset_failed"
-  JOBSET_SUCCEEDED = "jobset_succeeded"
+  RESTART_ALL = "restart_all"  # Every pod stopped and started again (a JobSet restart).
+  FAILED = "failed"  # The whole job.
+  SUCCEEDED = "succeeded"
 
 
 class JobFailureReason(str, enum.Enum):
@@ -102,7 +102,7 @@ def after_exit(policy: JobSetPolicy, state: PlayState, *, job: str, index: int, 
     state = dataclasses.replace(state, succeeded=state.succeeded | {(job, index)})
     done = all((target, i) in state.succeeded for target in policy.success_targets
                for i in range(policy.job(target).completions))
-    return (Outcome.JOBSET_SUCCEEDED if done else Outcome.INDEX_DONE), state
+    return (Outcome.SUCCEEDED if done else Outcome.INDEX_DONE), state
   action = pod_failure.action_for(job_policy.pod_failure_rules, container=job_policy.container,
                                   exit_code=exit_code, conditions=conditions)
   if action == pod_failure.PodFailureAction.IGNORE:
@@ -134,7 +134,7 @@ def _job_failed(policy: JobSetPolicy, state: PlayState, job: str,
             and (not rule.get("targetReplicatedJobs") or job in rule["targetReplicatedJobs"]))
   rule = next((r for r in policy.failure_rules if applies(r)), {"action": "RestartJobSet"})
   if rule["action"] == "FailJobSet":
-    return Outcome.JOBSET_FAILED, state
+    return Outcome.FAILED, state
   if rule["action"] == "RestartJobSetAndIgnoreMaxRestarts" or state.restarts < policy.max_restarts:
-    return Outcome.RESTART_JOBSET, PlayState(restarts=state.restarts + 1)
-  return Outcome.JOBSET_FAILED, state
+    return Outcome.RESTART_ALL, PlayState(restarts=state.restarts + 1)
+  return Outcome.FAILED, state

@@ -1,13 +1,13 @@
-"""A rendered JobSet played on this machine: what JobSet and the kubelet would do, no API server.
+"""A rendered manifest played on this machine: what its controllers and the kubelet would do.
 
-Every pod of the manifest (`jobset_pods`) runs on a virtual host of its own
-(`cluster.hosts`) named as JobSet names it (`<pod>.<subdomain>` and
-`<pod>`), with the env the pod would get, running the manifest's exact
-container command. When a pod ends, `jobset_policy` says what JobSet and the
-Job controller do, read from the manifest's own policies, and this carries
-it out: a replaced pod comes back on a new host at a new address under the
-same name (as a Kubernetes pod does); a restarted JobSet starts every pod
-again; a failed or succeeded JobSet stops every pod. The shared volume is the
+No API server: every pod of a JobSet (`jobset_pods`) or a TFJob
+(`tfjob_pods`) runs on a virtual host of its own (`cluster.hosts`) under the
+DNS name the platform gives it, with the env the pod would get, running the
+manifest's exact container command. When a pod ends, the manifest's own
+policies say what happens (`jobset_policy`, `tfjob_policy`: pure), and this
+carries it out: a replaced pod comes back on a new host at a new address
+under the same name (as a Kubernetes pod does); a restart starts every pod
+again; a failed or succeeded job stops every pod. The shared volume is the
 machine's file system (render with `model_mount` in a directory of yours).
 Needs root (network namespaces).
 """
@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Callable, Sequence
 
 from absl import logging
 
@@ -25,25 +26,50 @@ from tfps.cluster import hosts as hosts_lib
 from tfps.cluster import processes
 from tfps.cluster.k8s import jobset_policy
 from tfps.cluster.k8s import jobset_pods
+from tfps.cluster.k8s import tfjob_policy
+from tfps.cluster.k8s.planned_pod import PlannedPod
 
 Outcome = jobset_policy.Outcome
+# What happens when `pod` ended with an exit code, as its controller decides.
+Decide = Callable[[PlannedPod, int], Outcome]
 _POLL_SECONDS = 0.25
 _STOP_GRACE_SECONDS = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
 class PlayResult:
-  outcome: Outcome  # JOBSET_SUCCEEDED or JOBSET_FAILED.
-  restarts: int  # JobSet restarts.
+  outcome: Outcome  # SUCCEEDED or FAILED.
+  restarts: int  # Times every pod was started again (a JobSet restart).
   starts: dict  # Pod hostname -> times its pod was started.
 
 
-class JobSetPlayer:
-  """Plays `manifest` in `work_dir` (logs, the hosts file). Use as a context manager."""
+def jobset_player(manifest: dict, work_dir: str) -> "Player":
+  """A player of a rendered JobSet (JobSet's and the Job controller's rules)."""
+  policy = jobset_policy.JobSetPolicy.of(manifest)
+  state = [jobset_policy.PlayState()]
 
-  def __init__(self, manifest: dict, work_dir: str):
-    self.policy = jobset_policy.JobSetPolicy.of(manifest)
-    self.pods = jobset_pods.planned_pods(manifest)
+  def decide(pod: PlannedPod, code: int) -> Outcome:
+    outcome, state[0] = jobset_policy.after_exit(
+        policy, state[0], job=pod.replicated_job, index=pod.index, exit_code=code)
+    return outcome
+  return Player(jobset_pods.planned_pods(manifest), decide, work_dir)
+
+
+def tfjob_player(manifest: dict, work_dir: str) -> "Player":
+  """A player of a rendered TFJob (training-operator v1's reconcile rules)."""
+  policy = tfjob_policy.TFJobPolicy.of(manifest)
+  return Player(tfjob_policy.planned_pods(manifest),
+                lambda pod, code: tfjob_policy.after_exit(policy, pod.replicated_job, code),
+                work_dir)
+
+
+class Player:
+  """Plays `pods` in `work_dir` (logs, the hosts file). Use as a context manager."""
+
+  def __init__(self, pods: Sequence[PlannedPod], decide: Decide, work_dir: str):
+    self.pods = list(pods)
+    self._decide = decide
+    self.restarts = 0
     self.log_dir = os.path.join(work_dir, "logs")
     os.makedirs(self.log_dir, exist_ok=True)
     self.hosts = hosts_lib.VirtualHosts([f"{p.dns_name} {p.hostname}" for p in self.pods],
@@ -51,9 +77,8 @@ class JobSetPlayer:
     self._processes: list[subprocess.Popen | None] = [None] * len(self.pods)
     self._done: set[int] = set()
     self.starts = {p.hostname: 0 for p in self.pods}
-    self.state = jobset_policy.PlayState()
 
-  def __enter__(self) -> "JobSetPlayer":
+  def __enter__(self) -> "Player":
     return self
 
   def __exit__(self, *exc) -> None:
@@ -74,7 +99,7 @@ class JobSetPlayer:
       processes.signal_group(process, sig)
 
   def run(self, timeout: float, on_poll=lambda player: None) -> PlayResult:
-    """Starts every pod and plays until the JobSet succeeds or fails, or `timeout`."""
+    """Starts every pod and plays until the job succeeds or fails, or `timeout`."""
     for i in range(len(self.pods)):
       self._start(i)
     deadline = time.monotonic() + timeout
@@ -84,24 +109,24 @@ class JobSetPlayer:
         if i in self._done or process is None or process.poll() is None:
           continue
         outcome = self._ended(i, _exit_code(process.returncode))
-        if outcome in (Outcome.JOBSET_SUCCEEDED, Outcome.JOBSET_FAILED):
+        if outcome in (Outcome.SUCCEEDED, Outcome.FAILED):
           self._stop_all()
-          return PlayResult(outcome, self.state.restarts, dict(self.starts))
+          return PlayResult(outcome, self.restarts, dict(self.starts))
       time.sleep(_POLL_SECONDS)
-    raise TimeoutError(f"the JobSet neither succeeded nor failed within {timeout:.0f}s "
+    raise TimeoutError(f"the job neither succeeded nor failed within {timeout:.0f}s "
                        f"(pods started: {self.starts}; logs in {self.log_dir})")
 
   def _ended(self, i: int, code: int) -> Outcome:
     pod = self.pods[i]
-    outcome, self.state = jobset_policy.after_exit(
-        self.policy, self.state, job=pod.replicated_job, index=pod.index, exit_code=code)
+    outcome = self._decide(pod, code)
     logging.info("pod %s exited %d: %s", pod.hostname, code, outcome.value)
     if outcome == Outcome.REPLACE_POD:
       self.hosts.move(i)
       self._start(i)
     elif outcome == Outcome.INDEX_DONE:
       self._done.add(i)
-    elif outcome == Outcome.RESTART_JOBSET:
+    elif outcome == Outcome.RESTART_ALL:
+      self.restarts += 1
       self._stop_all()
       self._done.clear()
       for j in range(len(self.pods)):
@@ -111,11 +136,10 @@ class JobSetPlayer:
 
   def _start(self, i: int) -> None:
     pod = self.pods[i]
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}  # Only the pod's own.
     env.update(pod.env)
     # The image's PATH: where this Python's `tfps` is installed.
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", os.defpath)
-    env.pop("TF_CONFIG", None)
     with open(os.path.join(self.log_dir, f"{pod.hostname}.log"), "a", encoding="utf-8") as log:
       log.write(f"--- start #{self.starts[pod.hostname] + 1}: {' '.join(pod.argv)}\n")
       log.flush()
