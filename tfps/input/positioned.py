@@ -131,6 +131,7 @@ class PositionedInput:
     whole = self._build(1, 0)
     datasets.check_runs_on_workers(whole, what=what)
     self._total = _length(whole)  # None: endless.
+    self.cost_warning: str | None = None  # One line when chunks cost a shard's reading.
 
   @property
   def is_endless(self) -> bool:
@@ -141,7 +142,7 @@ class PositionedInput:
     if self._total is None:
       raise errors.PermanentError(f"internal: {self._what} is endless and cannot be measured")
     if num_shards is None:
-      num_shards = max(1, min(_MAX_DEFAULT_SHARDS, math.ceil(self._total / steps_per_closure)))
+      num_shards = default_num_shards(self._total, steps_per_closure)
     lengths = []
     for shard in range(num_shards):
       length = _length(self._build(num_shards, shard))
@@ -177,6 +178,11 @@ class PositionedInput:
           f"{self._what}: the dataset_fn returned {type(dataset).__name__}, "
           "expected a tf.data.Dataset")
     return dataset
+
+
+def default_num_shards(total_batches: int, steps_per_closure: int) -> int:
+  """Shards of about one closure each, at most `_MAX_DEFAULT_SHARDS`."""
+  return max(1, min(_MAX_DEFAULT_SHARDS, math.ceil(total_batches / steps_per_closure)))
 
 
 def _length(dataset: tf.data.Dataset) -> int | None:
