@@ -172,9 +172,16 @@ class PositionedInput:
     return seek.skip(self._build(num_shards, shard), start)
 
   def _plan(self) -> seek.Plan:
-    """How chunks are positioned (`seek`): shard 1 of 2, built in a graph as a closure does."""
-    with tf.Graph().as_default():
-      return seek.plan_of(self._build(2, tf.constant(1, tf.int64)))
+    """How chunks are positioned (`seek`): shard 1 of 2, built in a function as a closure does
+    (a function, not a bare graph: the dataset_fn may capture eager tensors)."""
+    plans = []
+
+    def build():
+      plans.append(seek.plan_of(self._build(2, tf.constant(1, tf.int64))))
+      return tf.constant(0)
+
+    tf.function(build).get_concrete_function()
+    return plans[0]
 
   def _build(self, num_shards: int, shard) -> tf.data.Dataset:
     try:
