@@ -17,7 +17,9 @@ of a batch) so that reading is all there is:
 * plain skip: the same chunks as `dataset_fn(ctx).skip(start)` (what the
   runtime did before positioning learned to seek), unless `--noplain_skip`.
 
-Prints a markdown table (steps/s and positioned ÷ endless) and one JSON line.
+Endless and positioned take `--rounds` turns, and the medians are printed
+(one turn for a form the runtime warns about: its chunks are plain skips,
+seconds each). Prints a markdown table (steps/s and positioned ÷ endless) and one JSON line.
 The file forms write their files first (`--records`, under a temp dir, removed).
 """
 
@@ -25,6 +27,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -46,8 +49,9 @@ flags.DEFINE_integer("batch_size", 200, "Examples per batch.")
 flags.DEFINE_integer("steps_per_closure", 50, "Steps per closure (the runtime's default).")
 flags.DEFINE_integer("workers", 2, "Workers the endless input is split over.")
 flags.DEFINE_integer("sampled_shards", 1, "Shards whose chunks are timed.")
-flags.DEFINE_integer("chunks_per_shard", 4, "Most chunks timed per sampled shard.")
-flags.DEFINE_float("endless_seconds", 2.0, "About how long the endless input is read.")
+flags.DEFINE_integer("chunks_per_shard", 8, "Most chunks timed per sampled shard.")
+flags.DEFINE_float("endless_seconds", 1.0, "About how long the endless input is read.")
+flags.DEFINE_integer("rounds", 3, "Turns of endless then positioned (medians are printed).")
 flags.DEFINE_bool("plain_skip", True, "Also time chunks as dataset_fn(ctx).skip(start).")
 flags.DEFINE_list("forms", [], "Forms to measure (default: all).")
 flags.DEFINE_string("data_dir", "", "Where to write the files (default: a temp dir, removed).")
@@ -116,7 +120,8 @@ def _length(dataset: tf.data.Dataset) -> int:
   return int(dataset.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
 
 
-def _endless_steps_per_second(dataset_fn) -> float:
+def _endless_runner(dataset_fn):
+  """A callable timing the endless form (its iterator and trace made once): steps/s."""
   steps = FLAGS.steps_per_closure
   iterator = iter(dataset_fn(_context(FLAGS.workers, 0)).repeat())
 
@@ -128,15 +133,19 @@ def _endless_steps_per_second(dataset_fn) -> float:
     return total
 
   closure(iterator)  # Traced, and the files in the page cache.
-  closures, start = 0, time.perf_counter()
-  while time.perf_counter() - start < FLAGS.endless_seconds or closures < 3:
-    closure(iterator).numpy()
-    closures += 1
-  return closures * steps / (time.perf_counter() - start)
+
+  def steps_per_second() -> float:
+    closures, start = 0, time.perf_counter()
+    while time.perf_counter() - start < FLAGS.endless_seconds or closures < 3:
+      closure(iterator).numpy()
+      closures += 1
+    return closures * steps / (time.perf_counter() - start)
+  return steps_per_second
 
 
-def _positioned_steps_per_second(make_chunk, chunks) -> float:
-  """`make_chunk(shard, start)` in a closure as the runtime's, for `chunks` (shard, start, count)."""
+def _positioned_runner(make_chunk, chunks):
+  """A callable timing `make_chunk(shard, start)` in a closure as the runtime's, for
+  `chunks` (shard, start, count): steps/s."""
 
   @tf.function
   def closure(shard, start, count):
@@ -151,20 +160,29 @@ def _positioned_steps_per_second(make_chunk, chunks) -> float:
                    tf.constant(count, tf.int32)).numpy()
 
   run(*chunks[0])  # Traced.
-  start = time.perf_counter()
-  for chunk in chunks:
-    run(*chunk)
-  return sum(count for _, _, count in chunks) / (time.perf_counter() - start)
+
+  def steps_per_second() -> float:
+    start = time.perf_counter()
+    for chunk in chunks:
+      run(*chunk)
+    return sum(count for _, _, count in chunks) / (time.perf_counter() - start)
+  return steps_per_second
 
 
 def _sampled_chunks(dataset_fn, num_shards: int) -> list[tuple[int, int, int]]:
-  steps, chunks = FLAGS.steps_per_closure, []
+  """Chunks of the first `--sampled_shards` non-empty shards from the middle on."""
+  steps, chunks, sampled = FLAGS.steps_per_closure, [], 0
   middle = num_shards // 2
-  for shard in range(middle, min(num_shards, middle + FLAGS.sampled_shards)):
+  for shard in [*range(middle, num_shards), *range(middle)]:
     length = _length(dataset_fn(_context(num_shards, shard)))
+    if not length:
+      continue
     starts = list(range(0, length, steps))
     every = max(1, math.ceil(len(starts) / FLAGS.chunks_per_shard))
     chunks += [(shard, s, min(steps, length - s)) for s in starts[::every]]
+    sampled += 1
+    if sampled == FLAGS.sampled_shards:
+      break
   return chunks
 
 
@@ -173,13 +191,19 @@ def measure(name: str, dataset_fn) -> dict:
   total = _length(dataset_fn(_context(1, 0)))
   num_shards = positioned.default_num_shards(total, FLAGS.steps_per_closure)
   chunks = _sampled_chunks(dataset_fn, num_shards)
+  endless = _endless_runner(dataset_fn)
+  positioned_ = _positioned_runner(lambda s, start: source.chunk(num_shards, s, start), chunks)
+  # Taking turns, medians: the two cores are shared, and the load moves within seconds.
+  turns = [(endless(), positioned_())
+           for _ in range(1 if source.cost_warning else FLAGS.rounds)]
   row = {"form": name, "shards": num_shards, "chunks": len(chunks),
-         "endless": _endless_steps_per_second(dataset_fn),
-         "positioned": _positioned_steps_per_second(
-             lambda s, start: source.chunk(num_shards, s, start), chunks)}
-  if FLAGS.plain_skip:
-    row["plain_skip"] = _positioned_steps_per_second(
-        lambda s, start: dataset_fn(_context(num_shards, s)).skip(start), chunks)
+         "endless": statistics.median(e for e, _ in turns),
+         "positioned": statistics.median(p for _, p in turns)}
+  if FLAGS.plain_skip and source.cost_warning:  # Positioned is the plain skip.
+    row["plain_skip"] = row["positioned"]
+  elif FLAGS.plain_skip:  # Once: it reads the other shards, seconds a chunk.
+    row["plain_skip"] = _positioned_runner(
+        lambda s, start: dataset_fn(_context(num_shards, s)).skip(start), chunks)()
   row["warning"] = source.cost_warning or ""
   return row
 

@@ -180,7 +180,7 @@ class PositionedInput:
       plans.append(seek.plan_of(self._build(2, tf.constant(1, tf.int64))))
       return tf.constant(0)
 
-    tf.function(build).get_concrete_function()
+    tf.function(build, autograph=False).get_concrete_function()
     return plans[0]
 
   def _build(self, num_shards: int, shard) -> tf.data.Dataset:

@@ -37,13 +37,16 @@ _ONE_TO_ONE = frozenset({
     "MapDataset", "ParallelMapDataset", "ParallelMapDatasetV2", "PrefetchDataset",
     "OptionsDataset", "ModelDataset", "MaxIntraOpParallelismDataset",
     "PrivateThreadPoolDataset", "ExperimentalMaxIntraOpParallelismDataset",
-    "ExperimentalPrivateThreadPoolDataset", "AssertCardinalityDataset",
+    "ExperimentalPrivateThreadPoolDataset",
 })
 # Ops that make one element of `batch_size` input elements (their input 1):
 # skipping k of them is skipping k * batch_size below.
-_BATCHES = frozenset({"BatchDataset", "BatchDatasetV2", "PaddedBatchDataset",
-                      "PaddedBatchDatasetV2"})
+_BATCHES = frozenset({"BatchDataset", "BatchDatasetV2", "ParallelBatchDataset",
+                      "PaddedBatchDataset", "PaddedBatchDatasetV2"})
 _SHARD = "ShardDataset"
+# A chain of these alone has nothing for tf.data's rewrites or autotuning.
+_PLAIN = frozenset({"RangeDataset", "TensorSliceDataset", "ShardDataset", "BatchDataset",
+                    "BatchDatasetV2", "PaddedBatchDataset", "PaddedBatchDatasetV2"})
 _RANGE = "RangeDataset"
 _SLICES = "TensorSliceDataset"
 # Ops that read records from files (each file through a flat_map or an interleave).
@@ -57,13 +60,15 @@ class Plan:
   seekable: bool
   blocked_at: str = ""  # The op a skip cannot pass cheaply.
   advice: str = ""  # What to write instead; empty where the dataset_fn cuts its own shards.
+  reads_all_shards: bool = False  # The op is below the shard: each shard reads them all.
 
   def warning(self, what: str) -> str | None:
     """The start-up line for a form the runtime cannot position cheaply; None if fine."""
     if self.seekable or not self.advice:
       return None
+    also = ", and every shard reads all the others' data" if self.reads_all_shards else ""
     return (f"{what}: a chunk of this input reads its shard through {self.blocked_at} from "
-            f"the start (and a shard reads the other shards' data): {self.advice}")
+            f"the start{also}: {self.advice}")
 
 
 def skip(dataset: tf.data.Dataset, start: Any) -> tf.data.Dataset:
@@ -106,7 +111,8 @@ def _plan(chain: list[Any]) -> Plan:
       if op.type not in _ONE_TO_ONE:
         return _blocked(op, chain, shard)
   source = chain[-1]
-  if source.type not in (_RANGE, _SLICES):
+  # Slices of ragged or nested components (variants) are not cut here.
+  if source.type not in (_RANGE, _SLICES) or any(t.dtype == tf.variant for t in source.inputs):
     return _blocked(source, chain, shard)
   return Plan(True)
 
@@ -124,8 +130,8 @@ def _blocked(op, chain: list[Any], shard: int | None) -> Plan:
     advice = "shard before batching: .shard(n, i).batch(b), not .batch(b).shard(n, i)"
   elif below_shard and reads_files:
     advice = ("shard the file names, not the records: Dataset.list_files(pattern, "
-              "shuffle=False).shard(n, i).interleave(TFRecordDataset), with --input_shards "
-              "<= the number of files")
+              "shuffle=False).shard(n, i).interleave(TFRecordDataset or TextLineDataset), "
+              "with --input_shards <= the number of files")
   elif reads_files:
     advice = ("give each shard whole files of about one closure of batches "
               "(--input_shards=<number of files>): then every chunk starts a file")
@@ -134,7 +140,7 @@ def _blocked(op, chain: list[Any], shard: int | None) -> Plan:
   else:
     advice = ("shard a Dataset.range or from_tensor_slices source, then map/batch: "
               "range(N).shard(n, i).map(f).batch(b)")
-  return Plan(False, op.type, advice)
+  return Plan(False, op.type, advice, reads_all_shards=below_shard)
 
 
 def _reads_files(op) -> bool:
@@ -175,7 +181,17 @@ def _positioned(dataset: tf.data.Dataset, chain: list[Any], start: tf.Tensor) ->
   below = chain[shard + 1:-1] if shard is not None else []
   for op in reversed(above + below):
     variant = _copy_onto(op, variant)
-  return tf.data.experimental.from_variant(variant, structure=dataset.element_spec)
+  positioned = tf.data.experimental.from_variant(variant, structure=dataset.element_spec)
+  if all(op.type in _PLAIN for op in chain):
+    # A new iterator per closure pays for tf.data's graph rewrites and its autotuning
+    # thread (~half of a 50-batch chunk of range+batch here), which find nothing to
+    # fuse or tune in a source and batches; a pipeline with maps, prefetches or
+    # options of its own keeps them.
+    options = tf.data.Options()
+    options.experimental_optimization.apply_default_optimizations = False
+    options.autotune.enabled = False
+    positioned = positioned.with_options(options)
+  return positioned
 
 
 def _strided_source(source, first: tf.Tensor, stride: tf.Tensor) -> tf.Tensor:
