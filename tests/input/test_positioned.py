@@ -211,3 +211,66 @@ def test_orbits_step_count_warning_does_not_reach_the_log(caplog):
     logging.warning("`trainer.train(100)` did not update `global_step` by 100. Old value ...")
     logging.warning("another warning")
   assert "did not update" not in caplog.text and "another warning" in caplog.text
+
+
+def _chunk_forms(tmp_path, examples):
+  """dataset_fns of the forms users write, each one epoch of batches of the ids 0..examples-1."""
+  paths = []
+  for f in range(3):
+    paths.append(str(tmp_path / f"ids-{f}.tfrecord"))
+    with tf.io.TFRecordWriter(paths[-1]) as writer:
+      for i in range(f, examples, 3):
+        writer.write(str(i).encode())
+  text = tmp_path / "ids.csv"
+  text.write_text("".join(f"{i},x\n" for i in range(examples)))
+  to_id = lambda record: tf.strings.to_number(record, tf.int64)
+  csv_id = lambda line: tf.io.decode_csv(line, [tf.constant(0, tf.int64), ""])[0]
+  shard = lambda d, ctx: d.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+  return {
+      "range.shard.batch": lambda ctx: shard(tf.data.Dataset.range(examples), ctx).batch(5),
+      "range.map.shard.batch.map": lambda ctx: shard(
+          tf.data.Dataset.range(examples).map(lambda x: x + 1), ctx).batch(5).map(
+              lambda x: x - 1),
+      "range.batch.shard": lambda ctx: shard(tf.data.Dataset.range(examples).batch(5), ctx),
+      "slices.shard.batch": lambda ctx: shard(tf.data.Dataset.from_tensor_slices(
+          {"id": np.arange(examples)}), ctx).batch(5).map(lambda d: d["id"]),
+      "files.shard.interleave": lambda ctx: shard(tf.data.Dataset.from_tensor_slices(paths),
+                                                  ctx).interleave(tf.data.TFRecordDataset)
+          .batch(5).map(to_id),
+      "tfrecord.shard.batch": lambda ctx: shard(tf.data.TFRecordDataset(paths), ctx).batch(
+          5).map(to_id),
+      "text.shard.batch": lambda ctx: shard(tf.data.TextLineDataset(str(text)), ctx).batch(
+          5).map(csv_id),
+  }
+
+
+@pytest.mark.parametrize("form", ["range.shard.batch", "range.map.shard.batch.map",
+                                  "range.batch.shard", "slices.shard.batch",
+                                  "files.shard.interleave", "tfrecord.shard.batch",
+                                  "text.shard.batch"])
+def test_each_chunk_is_its_slice_of_the_shard_and_an_epoch_every_id_once(tmp_path, form):
+  examples = 203
+  dataset_fn = _chunk_forms(tmp_path, examples)[form]
+  source = positioned_lib.PositionedInput(dataset_fn, num_replicas_in_sync=1, what=form)
+  ledger = source.measure(num_shards=3, steps_per_closure=4)
+
+  @tf.function
+  def chunk_ids(shard, start, count):
+    batches = source.chunk(3, shard, start).take(count)
+    return batches.reduce(tf.zeros([0], tf.int64), lambda ids, b: tf.concat([ids, b], 0))
+
+  def plain(shard):  # The shard read from its start, eagerly: the reference.
+    return [b.numpy().tolist() for b in dataset_fn(tf.distribute.InputContext(3, shard))]
+
+  shards = {s: plain(s) for s in range(3)}
+  seen = []
+  while ledger.epoch == 0:
+    chunk = ledger.take(4)
+    if chunk.epoch:
+      break
+    ids = chunk_ids(tf.constant(chunk.shard, tf.int64), tf.constant(chunk.start, tf.int64),
+                    tf.constant(chunk.count, tf.int64)).numpy().tolist()
+    want = shards[chunk.shard][chunk.start:chunk.start + chunk.count]
+    assert ids == [i for batch in want for i in batch], chunk
+    seen += ids
+  assert sorted(seen) == list(range(examples))

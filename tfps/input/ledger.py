@@ -26,8 +26,7 @@ Why this gives every batch to training once per epoch, through faults:
 Order: the next chunk comes from the shard with the fewest batches handed out
 in this epoch (lowest index first), so shards advance together and a chunk
 usually starts a shard (`start` 0), which is free to position; a chunk that
-starts inside a shard skips `start` batches first (see
-`tfps.input.positioned`).
+starts inside a shard is positioned at `start` (`tfps.input.seek`).
 
 Pure Python (no TensorFlow): decisions are tested on their own, and the
 state is a small JSON document (`to_json`/`from_json`).

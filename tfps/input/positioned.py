@@ -12,8 +12,11 @@ contract as per-worker input, with shards in place of workers), or
 `dataset.shard(S, s)` for a `tf.data.Dataset`. Unless `--input_shards` says
 otherwise, `S` makes a shard about one closure long (total batches /
 steps per closure), so most chunks are a whole shard and start at batch 0.
-A chunk that starts inside a shard costs a `skip(start)`, which tf.data
-does by reading the skipped batches; keep shards short or cheap to skip.
+A chunk that starts inside a shard is positioned by `seek`: a `shard` of a
+`range`/`from_tensor_slices` source (through maps and batches) starts its
+source there; any other form pays a `skip(start)`, which tf.data does by
+reading the skipped batches, and the start says so in one line
+(`cost_warning`) with the form to write instead.
 
 What cannot be positioned is refused or said at the start, before training:
 a dataset built from Python state (`from_generator`, `py_function`) cannot
@@ -30,6 +33,7 @@ import tensorflow as tf
 
 from tfps.input import datasets
 from tfps.input import ledger as ledger_lib
+from tfps.input import seek
 from tfps.base import messages
 from tfps.base import errors
 from tfps.base import tf_internals
@@ -131,6 +135,10 @@ class PositionedInput:
     whole = self._build(1, 0)
     datasets.check_runs_on_workers(whole, what=what)
     self._total = _length(whole)  # None: endless.
+    # One line when chunks read their way to their start (said at the start, once).
+    self.cost_warning = None if self._total is None else self._plan().warning(what)
+    if self.cost_warning:
+      logging.warning("%s", self.cost_warning)
 
   @property
   def is_endless(self) -> bool:
@@ -141,7 +149,7 @@ class PositionedInput:
     if self._total is None:
       raise errors.PermanentError(f"internal: {self._what} is endless and cannot be measured")
     if num_shards is None:
-      num_shards = max(1, min(_MAX_DEFAULT_SHARDS, math.ceil(self._total / steps_per_closure)))
+      num_shards = default_num_shards(self._total, steps_per_closure)
     lengths = []
     for shard in range(num_shards):
       length = _length(self._build(num_shards, shard))
@@ -161,7 +169,19 @@ class PositionedInput:
 
   def chunk(self, num_shards: int, shard: tf.Tensor, start: tf.Tensor) -> tf.data.Dataset:
     """Shard `shard` of `num_shards` from batch `start` on (tensors: built in a closure)."""
-    return self._build(num_shards, shard).skip(start)
+    return seek.skip(self._build(num_shards, shard), start)
+
+  def _plan(self) -> seek.Plan:
+    """How chunks are positioned (`seek`): shard 1 of 2, built in a function as a closure does
+    (a function, not a bare graph: the dataset_fn may capture eager tensors)."""
+    plans = []
+
+    def build():
+      plans.append(seek.plan_of(self._build(2, tf.constant(1, tf.int64))))
+      return tf.constant(0)
+
+    tf.function(build, autograph=False).get_concrete_function()
+    return plans[0]
 
   def _build(self, num_shards: int, shard) -> tf.data.Dataset:
     try:
@@ -177,6 +197,11 @@ class PositionedInput:
           f"{self._what}: the dataset_fn returned {type(dataset).__name__}, "
           "expected a tf.data.Dataset")
     return dataset
+
+
+def default_num_shards(total_batches: int, steps_per_closure: int) -> int:
+  """Shards of about one closure each, at most `_MAX_DEFAULT_SHARDS`."""
+  return max(1, min(_MAX_DEFAULT_SHARDS, math.ceil(total_batches / steps_per_closure)))
 
 
 def _length(dataset: tf.data.Dataset) -> int | None:

@@ -1,0 +1,217 @@
+"""Positioning a shard's dataset at a batch without reading the batches before it.
+
+A chunk is batches `[start, start + count)` of shard `s` of `S`
+(`tfps.input.positioned`). `dataset.skip(start)` is exact but tf.data does it
+by producing every skipped element, and a `shard(S, s)` produces each of its
+elements by reading `S` of its input: a chunk of the common form
+`range(N).shard(S, s).batch(B)` read `(start + count) * B * S` ids to train
+on `count * B`.
+
+`skip(dataset, start)` instead rewrites the dataset's graph (inside the
+closure's `tf.function`, where the dataset is a chain of ops) when it is
+
+    source -> one-to-one ops -> [shard(S, s)] -> one-to-one ops and batches
+
+with a source that can be cut anywhere at no cost: `range` or
+`from_tensor_slices`. Skipping `start` batches of the top is then skipping
+`start * B` elements of the shard, which is starting the source at element
+`s + start * B * S` with a stride of `S`: the shard op is dropped, the
+source is rebuilt strided and started there, and every op above it is copied
+unchanged onto it. The elements, their order and the batches' bounds are
+exactly those of `dataset.skip(start)` (tests/input/test_seek.py compares
+them form by form); any other graph is skipped the plain way.
+
+`plan_of(dataset)` says which of the two a dataset gets, and why, so that
+the start can say in one line what a form costs and what to write instead.
+"""
+
+import dataclasses
+from typing import Any
+
+import tensorflow as tf
+
+# Ops that make one element of each input element, in order: a skip passes
+# through them unchanged. (A map's function runs on fewer elements, which is
+# the point; a map drawing random numbers draws them for other elements.)
+_ONE_TO_ONE = frozenset({
+    "MapDataset", "ParallelMapDataset", "ParallelMapDatasetV2", "PrefetchDataset",
+    "OptionsDataset", "ModelDataset", "MaxIntraOpParallelismDataset",
+    "PrivateThreadPoolDataset", "ExperimentalMaxIntraOpParallelismDataset",
+    "ExperimentalPrivateThreadPoolDataset",
+})
+# Ops that make one element of `batch_size` input elements (their input 1):
+# skipping k of them is skipping k * batch_size below.
+_BATCHES = frozenset({"BatchDataset", "BatchDatasetV2", "ParallelBatchDataset",
+                      "PaddedBatchDataset", "PaddedBatchDatasetV2"})
+_SHARD = "ShardDataset"
+# A chain of these alone has nothing for tf.data's rewrites or autotuning.
+_PLAIN = frozenset({"RangeDataset", "TensorSliceDataset", "ShardDataset", "BatchDataset",
+                    "BatchDatasetV2", "PaddedBatchDataset", "PaddedBatchDatasetV2"})
+_RANGE = "RangeDataset"
+_SLICES = "TensorSliceDataset"
+# Ops that read records from files (each file through a flat_map or an interleave).
+_READERS = ("TFRecordDataset", "TextLineDataset", "FixedLengthRecordDataset")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """How a dataset is positioned: `seekable`, else the op that stops it and why."""
+
+  seekable: bool
+  blocked_at: str = ""  # The op a skip cannot pass cheaply.
+  advice: str = ""  # What to write instead; empty where the dataset_fn cuts its own shards.
+  reads_all_shards: bool = False  # The op is below the shard: each shard reads them all.
+
+  def warning(self, what: str) -> str | None:
+    """The start-up line for a form the runtime cannot position cheaply; None if fine."""
+    if self.seekable or not self.advice:
+      return None
+    also = ", and every shard reads all the others' data" if self.reads_all_shards else ""
+    return (f"{what}: a chunk of this input reads its shard through {self.blocked_at} from "
+            f"the start{also}: {self.advice}")
+
+
+def skip(dataset: tf.data.Dataset, start: Any) -> tf.data.Dataset:
+  """`dataset.skip(start)`, by starting its source there where the graph allows."""
+  chain = _chain(dataset)
+  if chain is None or not _plan(chain).seekable:
+    return dataset.skip(start)
+  return _positioned(dataset, chain, tf.cast(start, tf.int64))
+
+
+def plan_of(dataset: tf.data.Dataset) -> Plan:
+  """How `skip` positions `dataset` (a graph-mode dataset; else not seekable)."""
+  chain = _chain(dataset)
+  if chain is None:
+    return Plan(False, "an eager dataset", "")
+  return _plan(chain)
+
+
+def _chain(dataset: tf.data.Dataset) -> list[Any] | None:
+  """The dataset's ops from the top down to its source, if built in a graph."""
+  variant = dataset._variant_tensor  # pylint: disable=protected-access
+  if tf.executing_eagerly() or not hasattr(variant, "op"):
+    return None
+  chain, op = [], variant.op
+  while True:
+    chain.append(op)
+    if not op.inputs or op.inputs[0].dtype != tf.variant:
+      return chain
+    op = op.inputs[0].op
+
+
+def _plan(chain: list[Any]) -> Plan:
+  shard = next((i for i, op in enumerate(chain) if op.type == _SHARD), None)
+  above = chain[:shard] if shard is not None else chain[:-1]
+  for op in above:
+    if op.type not in _ONE_TO_ONE and op.type not in _BATCHES:
+      return _blocked(op, chain, shard)
+  if shard is not None:
+    for op in chain[shard + 1:-1]:
+      if op.type not in _ONE_TO_ONE:
+        return _blocked(op, chain, shard)
+  source = chain[-1]
+  # Slices of ragged or nested components (variants) are not cut here.
+  if source.type not in (_RANGE, _SLICES) or any(t.dtype == tf.variant for t in source.inputs):
+    return _blocked(source, chain, shard)
+  return Plan(True)
+
+
+def _blocked(op, chain: list[Any], shard: int | None) -> Plan:
+  """Why a skip reads its way through `op`, and the form that would not."""
+  if shard is None:  # The dataset_fn cuts its own shards: its way, its cost.
+    return Plan(False, op.type)
+  below_shard = chain.index(op) > shard
+  reads_files = any(_reads_files(o) for o in chain)
+  if op.type == "DatasetFromGraph":  # A tf.data.Dataset built on the chief, split by batch.
+    advice = ("pass a dataset_fn(input_context) that shards before batching: "
+              "range(N).shard(n, i).batch(b)")
+  elif below_shard and op.type in _BATCHES:
+    advice = "shard before batching: .shard(n, i).batch(b), not .batch(b).shard(n, i)"
+  elif below_shard and reads_files:
+    advice = ("shard the file names, not the records: Dataset.list_files(pattern, "
+              "shuffle=False).shard(n, i).interleave(TFRecordDataset or TextLineDataset), "
+              "with --input_shards <= the number of files")
+  elif reads_files:
+    advice = ("give each shard whole files of about one closure of batches "
+              "(--input_shards=<number of files>): then every chunk starts a file")
+  elif not below_shard:
+    advice = "shard after the ops that change the number of elements (filter, unbatch...)"
+  else:
+    advice = ("shard a Dataset.range or from_tensor_slices source, then map/batch: "
+              "range(N).shard(n, i).map(f).batch(b)")
+  return Plan(False, op.type, advice, reads_all_shards=below_shard)
+
+
+def _reads_files(op) -> bool:
+  """Whether `op`, or a function it calls (flat_map, interleave), reads files."""
+  if op.type.startswith(_READERS):
+    return True
+  return any(_function_reads_files(op.graph, value.func.name, depth=3)
+             for value in op.node_def.attr.values() if value.func.name)
+
+
+def _function_reads_files(graph, name: str, depth: int) -> bool:
+  function = graph._get_function(name)  # pylint: disable=protected-access
+  if function is None or depth == 0:
+    return False
+  for node in function.cached_definition.node_def:
+    if node.op.startswith(_READERS):
+      return True
+    if any(_function_reads_files(graph, value.func.name, depth - 1)
+           for value in node.attr.values() if value.func.name):
+      return True
+  return False
+
+
+def _positioned(dataset: tf.data.Dataset, chain: list[Any], start: tf.Tensor) -> tf.data.Dataset:
+  shard = next((i for i, op in enumerate(chain) if op.type == _SHARD), None)
+  above = chain[:shard] if shard is not None else chain[:-1]
+  elements = start  # Elements to skip at the level below `above`.
+  for op in above:
+    if op.type in _BATCHES:
+      elements = elements * tf.cast(op.inputs[1], tf.int64)
+  if shard is None:
+    first, stride = elements, tf.constant(1, tf.int64)
+  else:
+    num_shards = tf.cast(chain[shard].inputs[1], tf.int64)
+    index = tf.cast(chain[shard].inputs[2], tf.int64)
+    first, stride = index + elements * num_shards, num_shards
+  variant = _strided_source(chain[-1], first, stride)
+  below = chain[shard + 1:-1] if shard is not None else []
+  for op in reversed(above + below):
+    variant = _copy_onto(op, variant)
+  positioned = tf.data.experimental.from_variant(variant, structure=dataset.element_spec)
+  if all(op.type in _PLAIN for op in chain):
+    # A new iterator per closure pays for tf.data's graph rewrites and its autotuning
+    # thread (~half of a 50-batch chunk of range+batch here), which find nothing to
+    # fuse or tune in a source and batches; a pipeline with maps, prefetches or
+    # options of its own keeps them.
+    options = tf.data.Options()
+    options.experimental_optimization.apply_default_optimizations = False
+    options.autotune.enabled = False
+    positioned = positioned.with_options(options)
+  return positioned
+
+
+def _strided_source(source, first: tf.Tensor, stride: tf.Tensor) -> tf.Tensor:
+  """The source's elements `first, first + stride, ...`, as a new source op."""
+  if source.type == _RANGE:
+    begin, end, step = (tf.cast(t, tf.int64) for t in source.inputs)
+    inputs = [begin + first * step, end, step * stride]
+  else:  # Slices: each component cut along its first dimension.
+    inputs = [c[first::stride] if c.shape.rank else c for c in source.inputs]
+  return _create_like(source, inputs)
+
+
+def _copy_onto(op, variant: tf.Tensor) -> tf.Tensor:
+  return _create_like(op, [variant, *op.inputs[1:]])
+
+
+def _create_like(op, inputs) -> tf.Tensor:
+  """A new op of `op`'s type and attributes (functions included) on `inputs`."""
+  graph = op.graph
+  new = graph._create_op_internal(  # pylint: disable=protected-access
+      op.type, inputs, dtypes=[out.dtype for out in op.outputs],
+      attrs={k: v for k, v in op.node_def.attr.items() if not k.startswith("_")})
+  return new.outputs[0]
