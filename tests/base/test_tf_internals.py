@@ -129,3 +129,25 @@ def test_a_failed_closure_is_put_back_at_the_head_of_the_queue():
   for _ in range(3):
     queue.mark_finished()
   queue.wait(timeout=10)  # Nothing left: the count and conditions are TF's own.
+
+
+def test_a_datasets_ops_can_be_read_and_rebuilt_in_a_graph():
+  @tf.function(autograph=False)
+  def rebuilt():
+    dataset = tf.data.Dataset.range(10).map(lambda x: x * 2).batch(3)
+    variant = tf_internals.dataset_variant(dataset)
+    batch = variant.op
+    map_op = batch.inputs[0].op
+    assert (batch.type, map_op.type) == ("BatchDatasetV2", "MapDataset"), _moved("dataset_variant")
+    (function_name,) = [v.func.name for v in map_op.node_def.attr.values() if v.func.name]
+    definition = tf_internals.graph_function_def(map_op.graph, function_name)
+    assert definition is not None and definition.node_def, _moved("graph_function_def")
+    # The map and the batch again, on a range that starts at 4.
+    source = tf_internals.create_op_like(
+        map_op.inputs[0].op, [tf.constant(4, tf.int64), tf.constant(10, tf.int64),
+                              tf.constant(1, tf.int64)])
+    top = tf_internals.create_op_like(batch, [tf_internals.create_op_like(map_op, [source]),
+                                              *batch.inputs[1:]])
+    positioned = tf.data.experimental.from_variant(top, dataset.element_spec)
+    return positioned.reduce(tf.constant(0, tf.int64), lambda total, b: total + tf.reduce_sum(b))
+  assert int(rebuilt()) == sum(2 * x for x in range(4, 10)), _moved("create_op_like")

@@ -3,8 +3,9 @@
 tfps needs a few things TensorFlow does not publish: to rebuild a traced
 function from its stored definition (stored traces), to ask its asynchronous
 checkpoint writer whether a write is in flight and to close it, to run code
-on a worker's thread before its closures (warm-ups), and to tell a sharded
-variable apart. Every other module uses TensorFlow's public API only and
+on a worker's thread before its closures (warm-ups), to tell a sharded
+variable apart, and to read and rebuild a dataset's ops in a graph
+(positioned input's seek). Every other module uses TensorFlow's public API only and
 reaches these through the functions here, one per hook. A TensorFlow release
 that moves a hook breaks this module alone, and
 `tests/base/test_tf_internals.py` names the hook that moved.
@@ -129,6 +130,27 @@ def last_saved_step(manager: tf.train.CheckpointManager) -> int | None:
     return None
   step = manager._last_checkpoint_step  # pylint: disable=protected-access
   return None if step is None else int(step)
+
+
+# -- a dataset's ops in a graph (input.seek) -----------------------------------------------
+
+def dataset_variant(dataset: tf.data.Dataset) -> tf.Tensor:
+  """The variant tensor of `dataset`: in a graph, the output of its top op."""
+  return dataset._variant_tensor  # pylint: disable=protected-access
+
+
+def graph_function_def(graph: tf.Graph, name: str):
+  """The FunctionDef of function `name` known to `graph` (a map's, a flat_map's), or None."""
+  function = graph._get_function(name)  # pylint: disable=protected-access
+  return None if function is None else function.cached_definition
+
+
+def create_op_like(op: tf.Operation, inputs: Sequence[tf.Tensor]) -> tf.Tensor:
+  """A new op of `op`'s type and attributes (functions included) on `inputs`; its output."""
+  new = op.graph._create_op_internal(  # pylint: disable=protected-access
+      op.type, list(inputs), dtypes=[out.dtype for out in op.outputs],
+      attrs={k: v for k, v in op.node_def.attr.items() if not k.startswith("_")})
+  return new.outputs[0]
 
 
 # -- the coordinator's workers ------------------------------------------------------------------

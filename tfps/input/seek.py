@@ -30,6 +30,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfps.base import tf_internals
+
 # Ops that make one element of each input element, in order: a skip passes
 # through them unchanged. (A map's function runs on fewer elements, which is
 # the point; a map drawing random numbers draws them for other elements.)
@@ -89,7 +91,7 @@ def plan_of(dataset: tf.data.Dataset) -> Plan:
 
 def _chain(dataset: tf.data.Dataset) -> list[Any] | None:
   """The dataset's ops from the top down to its source, if built in a graph."""
-  variant = dataset._variant_tensor  # pylint: disable=protected-access
+  variant = tf_internals.dataset_variant(dataset)
   if tf.executing_eagerly() or not hasattr(variant, "op"):
     return None
   chain, op = [], variant.op
@@ -152,10 +154,10 @@ def _reads_files(op) -> bool:
 
 
 def _function_reads_files(graph, name: str, depth: int) -> bool:
-  function = graph._get_function(name)  # pylint: disable=protected-access
-  if function is None or depth == 0:
+  definition = tf_internals.graph_function_def(graph, name)
+  if definition is None or depth == 0:
     return False
-  for node in function.cached_definition.node_def:
+  for node in definition.node_def:
     if node.op.startswith(_READERS):
       return True
     if any(_function_reads_files(graph, value.func.name, depth - 1)
@@ -201,17 +203,8 @@ def _strided_source(source, first: tf.Tensor, stride: tf.Tensor) -> tf.Tensor:
     inputs = [begin + first * step, end, step * stride]
   else:  # Slices: each component cut along its first dimension.
     inputs = [c[first::stride] if c.shape.rank else c for c in source.inputs]
-  return _create_like(source, inputs)
+  return tf_internals.create_op_like(source, inputs)
 
 
 def _copy_onto(op, variant: tf.Tensor) -> tf.Tensor:
-  return _create_like(op, [variant, *op.inputs[1:]])
-
-
-def _create_like(op, inputs) -> tf.Tensor:
-  """A new op of `op`'s type and attributes (functions included) on `inputs`."""
-  graph = op.graph
-  new = graph._create_op_internal(  # pylint: disable=protected-access
-      op.type, inputs, dtypes=[out.dtype for out in op.outputs],
-      attrs={k: v for k, v in op.node_def.attr.items() if not k.startswith("_")})
-  return new.outputs[0]
+  return tf_internals.create_op_like(op, [variant, *op.inputs[1:]])
