@@ -6,12 +6,12 @@ the module. Its tests share one supervised chief training without end; each
 cuts one task's link, checks from the progress log (`progress.jsonl`) and the
 event log how training came back, then heals the link. A cut link drops
 packets (TCP hangs, nothing is refused), which is what these tests are about.
-The last tests kill tasks instead (refused at once, no hang), and start them
+The last test kills a worker instead (refused at once, no hang) and starts it
 again on a new host at a new address under the same name, as Kubernetes
-restarts a pod: a ps, and a worker for good (the failure matrix's "worker
-gone for good" row, here because this chief's --worker_timeout is short; the
-row tests' chief needs one long enough for a killed worker to come back,
-test_failure_matrix.py).
+restarts a pod: the failure matrix's "worker gone for good" row, here because
+this chief's --worker_timeout is short (the row tests' chief needs one long
+enough for a killed worker to come back, test_failure_matrix.py). A ps and a
+chief at new addresses: tests/e2e/test_jobset_play.py.
 
 Every wait is bounded and names what it waited for. Skipped, with the
 reason, where network namespaces cannot be made (not root, no iproute2).
@@ -150,21 +150,6 @@ def test_partitioned_chief_recovers_like_a_lost_chief(run):
   assert 0 <= step - restored.step <= chief_run.MAX_STEPS_LOST, (step, restored)
   # No worker was blamed for the chief's own cut.
   assert not [e for e in run.events()[events:] if e.failure == WORKER_GONE]
-
-
-def test_a_killed_ps_back_at_a_new_address_is_found_by_name(run):
-  ps = run.cluster.ps(0)
-  events, records = len(run.events()), len(run.records)
-  step, old_ip = run.step, _ip(run, ps.task)
-  ps.kill(signal.SIGKILL)
-  assert ps.wait(timeout=10) == -signal.SIGKILL
-  run.wait_for(lambda: any(e.failure == PS_LOST for e in run.events()[events:]),
-               timeout=PS_TIMEOUT + 30, what="the supervisor to record the ps loss")
-  ps.start()  # On a new host: same name, new address.
-  assert _ip(run, ps.task) != old_ip
-  restored = run.wait_for_restart_and_progress(records, timeout=150)
-  assert 0 <= max(step, restored.step) - restored.step <= chief_run.MAX_STEPS_LOST
-  run.wait_for_step(restored.step + 100)
 
 
 def test_killed_worker_that_never_returns_is_left_out_then_taken_back(run):
