@@ -28,7 +28,7 @@ from tests.support import chief_run
 
 pytestmark = pytest.mark.cluster
 
-TRAIN_STEPS = 2000
+TRAIN_STEPS = 1000
 # Killed in this order, each once the steps reached since the previous kill
 # (recovered) reach STEPS_BETWEEN: far below TRAIN_STEPS, whatever the speed.
 KILLS = ("play-worker-0-1", "play-ps-0-0", "play-chief-0-0")
