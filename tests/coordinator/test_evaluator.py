@@ -35,11 +35,11 @@ def test_exact_eval_equals_single_machine_metrics(runtime, tmp_path):
     trainer = ctr.CtrTrainer(model, optimizer,
                              ctr.train_dataset_fn(config, 3, 128, data_dir=str(tmp_path)))
     evaluator = ctr.CtrEvaluator(model, ctr.eval_dataset_fn(config, 3, 64))
-  trainer_lib.PSTrainer(trainer, runtime, trainer_lib.LoopOptions(steps_per_closure=10)).train(tf.constant(40))
+  trainer_lib.PSTrainer(trainer, runtime, trainer_lib.LoopOptions(steps_per_closure=2)).train(tf.constant(40))
   expected, count = _reference_ctr_metrics(model, config, 3, 64)
   assert count == 1000
 
-  for shards in (3, 8):
+  for shards in (8,):  # More shards than workers, of uneven sizes.
     ps_evaluator = evaluator_lib.PSEvaluator(evaluator, runtime, num_shards=shards)
     got = {k: float(v) for k, v in ps_evaluator.evaluate(tf.constant(-1)).items()}
     assert evaluator.loss.count.numpy() == 1000  # Every example exactly once.

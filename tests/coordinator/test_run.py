@@ -137,19 +137,6 @@ def _coordinator_config(cluster, model_dir, **overrides):
   return coordinator_run.CoordinatorConfig(**kwargs)
 
 
-def test_ctr_learns(inprocess_cluster, tmp_path):
-  result = coordinator_run.run_coordinator(_coordinator_config(
-      inprocess_cluster, tmp_path, train_steps=300, mode="train_and_eval"))
-  line = json.loads(json.dumps(result.as_dict()))
-  assert line["status"] == "finished" and line["global_step"] == 300
-  assert line["eval"]["auc"] > 0.75, line  # Chance 0.5, dense features alone 0.74.
-  assert line["eval"]["loss"] < 0.60, line  # Predicting the click rate: 0.65.
-  assert line["examples_per_sec"] > 0 and line["restarts"] == 0
-  assert line["checkpoint"] == str(tmp_path / "ckpt-300")
-  assert glob.glob(str(tmp_path / "events.out.tfevents.*"))
-  assert glob.glob(str(tmp_path / "eval" / "events.out.tfevents.*"))
-
-
 def test_checkpoint_and_resume_at_the_saved_step(inprocess_cluster, tmp_path, caplog):
   caplog.set_level("INFO", logger="absl")
   first = coordinator_run.run_coordinator(_coordinator_config(
@@ -192,18 +179,6 @@ def test_user_factory_with_plain_orbit_classes(inprocess_cluster, tmp_path):
       global_batch_size=32))
   assert result.global_step == 60
   assert result.eval["accuracy"] > 0.9
-
-
-def test_checkpoint_of_another_model_is_permanent(inprocess_cluster, tmp_path):
-  coordinator_run.run_coordinator(_coordinator_config(
-      inprocess_cluster, tmp_path, train_steps=10, mode="train"))
-  other = dict(inprocess.SMALL_CTR, vocab_sizes="3000:2000:999")
-  with pytest.raises(errors.PermanentError) as e:
-    coordinator_run.run_coordinator(_coordinator_config(
-        inprocess_cluster, tmp_path, train_steps=20, mode="train", experiment_params=other))
-  message = str(e.value)
-  assert message.startswith(f"checkpoint {tmp_path / 'ckpt-10'} does not fit experiment 'ctr'")
-  assert "\n" not in message
 
 
 def test_eval_mode_without_checkpoint_is_a_usage_error(inprocess_cluster, tmp_path):

@@ -213,6 +213,8 @@ def test_two_workers_killed_together_are_both_readmitted(run):
   run.wait_for_step(step)
 
 
+# A second readmission of the same worker: the rows above readmit each worker once.
+@pytest.mark.soak
 def test_a_worker_failing_repeatedly_is_readmitted_each_time(run):
   worker = run.cluster.worker(0)
   restores = len(run.restores)

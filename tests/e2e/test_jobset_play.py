@@ -99,6 +99,9 @@ def test_a_bad_flag_value_fails_the_jobset_without_a_retry(tmp_path):
     assert "tfps: error: train_steps (0) must be a positive integer" in log.read()
 
 
+# The legacy format: its TF_CONFIG and exit-code rules are tested on their own
+# (tests/cluster/k8s/test_tfjob*.py); the JobSet play above runs the same player.
+@pytest.mark.soak
 def test_the_legacy_tfjob_trains_to_the_end_through_a_worker_sigkill(tmp_path):
   volume = str(tmp_path / "volume")
   os.makedirs(f"{volume}/run")

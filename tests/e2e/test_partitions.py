@@ -6,11 +6,12 @@ the module. Its tests share one supervised chief training without end; each
 cuts one task's link, checks from the progress log (`progress.jsonl`) and the
 event log how training came back, then heals the link. A cut link drops
 packets (TCP hangs, nothing is refused), which is what these tests are about.
-The last test kills a worker instead (refused at once, no hang) and starts it
-again on a new host at a new address under the same name, as Kubernetes
-restarts a pod: the failure matrix's "worker gone for good" row, here because
-this chief's --worker_timeout is short (the row tests' chief needs one long
-enough for a killed worker to come back, test_failure_matrix.py). A ps and a
+The last test (soak tier: `pytest -m soak`) kills a worker instead (refused
+at once, no hang) and starts it again on a new host at a new address under
+the same name, as Kubernetes restarts a pod: the failure matrix's "worker gone
+for good" row, here because this chief's --worker_timeout is short (the row
+tests' chief needs one long enough for a killed worker to come back,
+test_failure_matrix.py). A ps and a
 chief at new addresses: tests/e2e/test_jobset_play.py.
 
 Every wait is bounded and names what it waited for. Skipped, with the
@@ -29,7 +30,7 @@ from tests.support import chief_run
 pytestmark = pytest.mark.cluster
 
 # Short deadlines keep the module within its budget; the defaults are 60 s.
-WORKER_TIMEOUT = 10
+WORKER_TIMEOUT = 6
 PS_TIMEOUT = 10
 PS_LOST = policy.FailureKind.PS_LOST.value
 WORKER_GONE = policy.FailureKind.WORKER_GONE.value
@@ -45,7 +46,7 @@ CHIEF_FLAGS = [f"--experiment_params={chief_run.SMALL_CTR}", "--mode=train",
                # The coordinator gets this long to save after the supervisor's SIGTERM
                # (a loop and a save take < 1 s here). A coordinator stuck on a cut
                # worker cannot end its loop and is killed after it: keep it short.
-               "--grace_seconds=5"]
+               "--grace_seconds=3"]
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +110,9 @@ def test_partitioned_worker_is_left_out_then_readmitted_when_healed(run):
   run.wait_for_work([worker])  # Re-admitted: it runs closures again.
 
 
+# A silent ps: the ps deadline's own tests (tests/coordinator/test_ps_deadline.py,
+# tests/recovery/test_supervisor.py) and the chief cut below cover its detection.
+@pytest.mark.soak
 def test_partitioned_ps_is_a_ps_loss_restored_from_the_last_checkpoint(run):
   ps = run.cluster.ps(0)
   starts = ps.starts
@@ -152,6 +156,8 @@ def test_partitioned_chief_recovers_like_a_lost_chief(run):
   assert not [e for e in run.events()[events:] if e.failure == WORKER_GONE]
 
 
+# Left out and taken back as in the worker cut above; here refused, not silent.
+@pytest.mark.soak
 def test_killed_worker_that_never_returns_is_left_out_then_taken_back(run):
   worker = run.cluster.worker(1)
   events, records = len(run.events()), len(run.records)

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -76,6 +77,35 @@ def test_close_ends_an_unused_standby(tmp_path):
   with open(stdout_path) as f:
     assert f.read() == ""  # ...having done nothing.
   coordinators.close()  # Nothing left to end.
+
+
+# A standby still importing: sleeps before it would be ready, ignoring SIGTERM
+# as an import in C would (signals wait for the interpreter).
+_SLOW_IMPORT = textwrap.dedent("""
+    import pathlib, signal, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    pathlib.Path(sys.argv[1]).touch()
+    time.sleep(60)
+""")
+
+
+def test_close_ends_a_standby_still_importing_at_once(tmp_path):
+  importing = tmp_path / "importing"
+  coordinators = standby.WarmCoordinators(
+      lambda excluded: [sys.executable, "-c", _SLOW_IMPORT, str(importing)],
+      env=dict(os.environ), stdout_dir=str(tmp_path), warm=True)
+  coordinators.prepare()
+  process, _ = coordinators.standby
+  deadline = time.monotonic() + 30
+  while not importing.exists():
+    assert time.monotonic() < deadline, "the stand-in standby did not start in 30 s"
+    time.sleep(0.05)
+  start = time.monotonic()
+  coordinators.close()
+  # Not ready, so nothing to lose: killed, not waited for (the 1 s stdin and
+  # 5 s SIGTERM waits are for a ready standby).
+  assert process.poll() == -signal.SIGKILL
+  assert time.monotonic() - start < 1.0
 
 
 def test_a_dead_standby_is_replaced_by_a_cold_start(tmp_path):

@@ -200,11 +200,16 @@ class WarmCoordinators:
     """Ends the standby, if any (closing its stdin tells it so; then the signal)."""
     if self._standby is None:
       return
-    process = self._standby.process
+    process, ready = self._standby.process, os.path.exists(self._standby.ready_path)
     self._standby = None
+    if not ready:
+      # Still importing: it has done nothing, and a signal would only be
+      # seen once the import is over (seconds at the end of every run).
+      processes.stop_group(process, grace=0.0)
+      return
     try:
       process.stdin.close()
       process.wait(timeout=1.0)  # Waiting on its stdin, it leaves at once.
     except (OSError, subprocess.TimeoutExpired):
-      pass  # Still importing: the signal (it records it and leaves after).
+      pass
     processes.stop_group(process, grace=5.0)
