@@ -161,16 +161,12 @@ def hosts_cluster(netns_cluster):
   return netns_cluster  # Skips where virtual hosts cannot be made.
 
 
-def _resolve(cluster, name: str) -> str:
-  return cluster.run_tool(["getent", "hosts", name]).split()[0]
-
-
 def test_virtual_hosts_each_task_has_its_own_name_address_and_stack(hosts_cluster):
   addresses = [hosts_cluster.spec.address(t) for t in hosts_cluster.tasks]
   assert [a.rpartition(":")[0] for a in addresses] == [
       local.host_name(t) for t in hosts_cluster.tasks]  # Names, not addresses.
   assert {a.rpartition(":")[2] for a in addresses} == {"2222"}  # Same port, separate hosts.
-  ips = {_resolve(hosts_cluster, local.host_name(t)) for t in hosts_cluster.tasks}
+  ips = {hosts_cluster.resolve(local.host_name(t)) for t in hosts_cluster.tasks}
   assert len(ips) == len(addresses) and all(ip.startswith("10.213.") for ip in ips)
   for task in hosts_cluster.tasks:
     assert hosts_cluster.listening_ports(task) == {2222}
@@ -181,9 +177,9 @@ def test_virtual_hosts_each_task_has_its_own_name_address_and_stack(hosts_cluste
 
 def test_a_restarted_task_answers_under_its_name_at_a_new_address(hosts_cluster):
   worker = hosts_cluster.worker(0)
-  before = _resolve(hosts_cluster, "worker-0")
+  before = hosts_cluster.resolve("worker-0")
   worker.restart(timeout=120)  # Waits until it answers, dialled by name.
-  after = _resolve(hosts_cluster, "worker-0")
+  after = hosts_cluster.resolve("worker-0")
   assert after != before
   assert hosts_cluster.listening_ports(worker.task) == {2222}
 

@@ -76,15 +76,11 @@ def _healthy(request):
   yield
 
 
-def _ip(run, task) -> str:
-  return run.cluster.run_tool(["getent", "hosts", local.host_name(task)]).split()[0]
-
-
 def test_every_task_has_its_own_name_and_address_and_the_chief_trains(run):
   tasks = list(run.cluster.spec.tasks())
   assert [run.cluster.spec.address(t) for t in tasks] == [
       f"{local.host_name(t)}:2222" for t in tasks]
-  ips = [_ip(run, t) for t in tasks]
+  ips = [run.cluster.resolve(local.host_name(t)) for t in tasks]
   assert all(ip.startswith("10.213.") for ip in ips) and len(set(ips)) == len(ips), ips
   run.wait_for_step(run.step + 100)
 
@@ -172,9 +168,9 @@ def test_killed_worker_that_never_returns_is_left_out_then_taken_back(run):
   assert "without worker:1" in run.log()
   # It saved before restarting: nothing lost.
   assert left_out.step == max(r.step for r in run.records[:run.records.index(left_out)])
-  records, old_ip = len(run.records), _ip(run, worker.task)
+  records, old_ip = len(run.records), run.cluster.resolve(local.host_name(worker.task))
   worker.start()  # ...and takes it back when it answers again, at its new address.
-  assert _ip(run, worker.task) != old_ip
+  assert run.cluster.resolve(local.host_name(worker.task)) != old_ip
   run.wait_for(lambda: any(e.task == "worker:1" and e.task_change == "back"
                            and not e.tasks_left_out for e in run.events()[events:]),
                timeout=60, what="worker:1 to be taken back")

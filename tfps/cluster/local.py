@@ -409,6 +409,10 @@ class LocalCluster:
         self.spawn(argv, task=task, stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
         argv, timeout)
 
+  def resolve(self, name: str, task: TaskId | None = None) -> str:
+    """The IP address `name` has in the cluster's network (as `task`'s host sees it)."""
+    return self.run_tool(["getent", "hosts", name], task=task).split()[0]
+
   def listening_ports(self, task: TaskId | None = None) -> set[int]:
     """TCP ports listening in the cluster's network (on `task`'s host)."""
     out = self.run_tool(["ss", "-ltnH"], task=task)
