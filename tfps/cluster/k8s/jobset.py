@@ -74,8 +74,7 @@ def render(config: config_lib.JobManifestConfig) -> list[dict]:
 
 def _replicated_job(config: config_lib.JobManifestConfig,
                     role: spec_lib.JobType) -> dict:
-  count = {spec_lib.JobType.CHIEF: 1, spec_lib.JobType.PS: config.num_ps,
-           spec_lib.JobType.WORKER: config.num_workers}[role]
+  count = _layout(config).count(role)
   job_spec = {
       "completionMode": "Indexed",
       "completions": count,
@@ -93,9 +92,16 @@ def _replicated_job(config: config_lib.JobManifestConfig,
   return {"name": role.value, "replicas": 1, "template": {"spec": job_spec}}
 
 
+def _layout(config: config_lib.JobManifestConfig) -> jobset_env.JobSetLayout:
+  """What the pods are told on their command line, and the replica count of each role."""
+  return jobset_env.JobSetLayout(num_ps=config.num_ps, num_workers=config.num_workers,
+                                 port=config_lib.TF_PORT)
+
+
 def _container(config: config_lib.JobManifestConfig, role: spec_lib.JobType) -> dict:
-  cluster_args = ("--cluster_from=jobset", f"--num_ps={config.num_ps}",
-                  f"--num_workers={config.num_workers}", f"--task_port={config_lib.TF_PORT}")
+  layout = _layout(config)
+  cluster_args = ("--cluster_from=jobset", f"--num_ps={layout.num_ps}",
+                  f"--num_workers={layout.num_workers}", f"--task_port={layout.port}")
   env = tuple(
       {"name": name, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
       for name, label in jobset_env.LABELS.items())
