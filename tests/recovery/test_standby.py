@@ -96,10 +96,11 @@ def test_close_ends_a_standby_still_importing_at_once(tmp_path):
       env=dict(os.environ), stdout_dir=str(tmp_path), warm=True)
   coordinators.prepare()
   process, _ = coordinators.standby
-  deadline = time.monotonic() + 30
-  while not importing.exists():
-    assert time.monotonic() < deadline, "the stand-in standby did not start in 30 s"
-    time.sleep(0.05)
+  try:
+    processes.wait_until(importing.exists, timeout=30, what="the stand-in standby to start")
+  except BaseException:
+    processes.stop_group(process, grace=0.0)  # Never outlives the test.
+    raise
   start = time.monotonic()
   coordinators.close()
   # Not ready, so nothing to lose: killed, not waited for (the 1 s stdin and

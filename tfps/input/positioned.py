@@ -44,9 +44,9 @@ _MAX_COUNTED_BATCHES = 10_000_000
 # Most shards made by default: each is measured on the chief at the first
 # start of a model_dir (one run of a traced function: ~1 ms when tf.data
 # knows its cardinality, a read of the shard when it does not). Past this,
-# shards hold more than a closure, and chunks inside
-# them pay for their skip: a larger input wants --input_shards and shards
-# that are cheap to position (files).
+# shards hold more than a closure, and chunks inside them pay for their skip:
+# a larger input wants --input_shards and shards that are cheap to position
+# (files).
 _MAX_DEFAULT_SHARDS = 256
 # A "finite" dataset longer than this (e.g. range(2**62)) is a stream that
 # will never end an epoch: read as endless input.
@@ -249,4 +249,3 @@ def _counted(dataset: tf.data.Dataset) -> tf.Tensor:
   """Batches in `dataset`, read up to one past the most counted."""
   return dataset.take(_MAX_COUNTED_BATCHES + 1).reduce(
       tf.constant(0, tf.int64), lambda n, _: n + 1)
-

@@ -197,7 +197,8 @@ class WarmCoordinators:
       self._events.append(event)
 
   def close(self) -> None:
-    """Ends the standby, if any (closing its stdin tells it so; then the signal)."""
+    """Ends the standby, if any: killed if still importing; if ready, told by the end
+    of its stdin (then the signal)."""
     if self._standby is None:
       return
     process, ready = self._standby.process, os.path.exists(self._standby.ready_path)
