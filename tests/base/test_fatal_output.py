@@ -14,10 +14,19 @@ from tests.support import crash_check
     "Aborted",
     "*** SIGABRT received at time=1764265399 on cpu 1 ***",
     "2026-11-27 12:00:00.1: F tensorflow/core/x.cc:1] Check failed: ok",
-    "Traceback (most recent call last):",
 ])
 def test_crash_lines_are_found(line):
   assert fatal_output.fatal_lines(f"before\n{line}\nafter") == [line]
+
+
+def test_a_traceback_is_reported_with_what_it_raised():
+  text = ("Traceback (most recent call last):\n  File \"x.py\", line 3, in f\n"
+          "    remote.fetch()\nValueError: no\nI1127 next log line")
+  assert fatal_output.fatal_lines(text) == [
+      "Traceback (most recent call last): ... ValueError: no"]
+  assert fatal_output.fatal_lines("Traceback (most recent call last):\n  File") == [
+      "Traceback (most recent call last): ... (cut off)"]
+  assert fatal_output.fatal_lines(text, allowed=("ValueError: no",)) == []
 
 
 @pytest.mark.parametrize("line", [
@@ -50,5 +59,5 @@ def test_the_suites_check_reads_only_what_was_written_during_the_test(tmp_path):
   crash_check.note(b"Traceback (most recent call last):\n", "stderr of tfps local")
   found = crash_check.fatal_since(str(tmp_path), before, ())
   assert found == [f"{old}: Segmentation fault",
-                   "stderr of tfps local: Traceback (most recent call last):"]
+                   "stderr of tfps local: Traceback (most recent call last): ... (cut off)"]
   assert crash_check.fatal_since(str(tmp_path), crash_check.sizes(str(tmp_path)), ()) == []

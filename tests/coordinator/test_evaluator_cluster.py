@@ -102,7 +102,13 @@ CLIENT = textwrap.dedent(f'''
     first_done = threading.Lock()
 
     def announce_first(remote):
-      remote.fetch()  # Blocks until this shard has run (retries included).
+      try:
+        remote.fetch()  # Blocks until this shard has run.
+      except tf.errors.OpError:
+        # TF publishes a closure's result before copying it to the coordinator:
+        # a worker killed in between fails this copy, and TF's own copy, which
+        # reruns the shard. Another shard announces.
+        return
       if first_done.acquire(blocking=False):
         say(event="first_shard_done")
 

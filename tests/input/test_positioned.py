@@ -13,10 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfps.cluster import inprocess
 from tfps.coordinator import run as coordinator_run
 from tfps.input import positioned as positioned_lib
-from tfps.coordinator import strategy as strategy_lib
 from tfps.coordinator import trainer as trainer_lib
 from tfps.fast_restart import worker_functions
 from tfps.recovery import coverage
@@ -35,13 +33,9 @@ OPTIONS = trainer_lib.LoopOptions
 
 
 @pytest.fixture(scope="module")
-def cluster():
-  return inprocess.start(1, 2).cluster
-
-
-@pytest.fixture(scope="module")
-def runtime(cluster):
-  return strategy_lib.connect(cluster, ready_timeout=30)
+def cluster(inprocess_cluster):
+  # The session's: TensorFlow connects a process to one cluster only.
+  return inprocess_cluster
 
 
 def _config(cluster, model_dir, **overrides):

@@ -34,13 +34,27 @@ def fatal_lines(text: str, *, tracebacks_expected: bool = False,
   Args:
     tracebacks_expected: the text is a file of tracebacks (errors.log).
     allowed: substrings that make a line expected (a test that kills on purpose).
+
+  A traceback is reported as one line with the exception it ends in.
   """
   allowed = tuple(allowed)
+  lines = text.splitlines()
   found = []
-  for line in text.splitlines():
-    if not _FATAL.search(line) or any(a in line for a in allowed):
+  for i, line in enumerate(lines):
+    if not _FATAL.search(line):
       continue
-    if tracebacks_expected and line.startswith(TRACEBACK):
-      continue
-    found.append(line)
+    if line.startswith(TRACEBACK):
+      if tracebacks_expected:
+        continue
+      line = f"{line} ... {_raised(lines[i + 1:])}"
+    if not any(a in line for a in allowed):
+      found.append(line)
   return found
+
+
+def _raised(after: list[str]) -> str:
+  """What a traceback raised: its first line that is not a frame (frames are indented)."""
+  for line in after:
+    if line and not line[0].isspace():
+      return line
+  return "(cut off)"
