@@ -1,5 +1,7 @@
 """Chaos fault schedules (tfps.chaos.faults) are pure: parsed and drawn here."""
 
+import signal
+
 import pytest
 
 from tfps.base import errors
@@ -28,7 +30,10 @@ def test_parse_explicit_faults_sorted_by_time():
     ("worker:1@x:kill", "must look like"),
     ("worker:7@1:kill", "no task worker:7 in this cluster"),
     ("evaluator:0@1:kill", "no task evaluator:0"),
-    ("worker:1@1:nuke", "action 'nuke' is not kill, term, stop or cut"),
+    ("worker:1@1:nuke", "action 'nuke' is not kill, term, stop, cut, join or leave"),
+    ("worker:1@1:leave+5", "leave is for good (no +SECONDS)"),
+    ("ps:0@1:leave", "only a worker joins or leaves"),
+    ("worker:1@1:join", "worker:1 is running by then"),
     ("ps:0@1:cut+never", "a stopped or cut-off task must come back"),
     ("ps:0@1:kill+never", "only a worker may never come back"),
     ("worker:0@1:stop+never", "a stopped or cut-off task must come back"),
@@ -38,6 +43,39 @@ def test_bad_fault_specs_are_usage_errors(text, message):
   with pytest.raises(errors.UsageError) as raised:
     faults_lib.parse_faults(text, CLUSTER)
   assert message in str(raised.value) and raised.value.exit_code == 2
+
+
+ROOMY = spec_lib.ClusterSpec.from_dict({  # Room for 4 workers; 2 start.
+    "chief": ["c:1"], "ps": ["p:1"], "worker": ["w:1", "w:2", "w:3", "w:4"]})
+
+
+def test_workers_join_into_room_the_cluster_left_and_then_take_faults_like_any():
+  faults = faults_lib.parse_faults(
+      "worker:2@step40:join,worker:3@step80:join,worker:2@step90:kill+3,worker:3@step140:leave",
+      ROOMY, workers_started=2)
+  assert [str(f) for f in faults] == ["worker:2@step40:join", "worker:3@step80:join",
+                                      "worker:2@step90:kill+3", "worker:3@step140:leave"]
+  assert faults[0].action.name_of_fault == "JOIN" and faults[0].back_after is faults_lib.NEVER
+  assert faults[3].action.signal == signal.SIGTERM and faults[3].back_after is faults_lib.NEVER
+
+
+@pytest.mark.parametrize("text, message", [
+    ("worker:2@step90:kill+3", "worker:2 has not joined by then"),
+    ("worker:2@step90:kill+3,worker:2@step100:join", "worker:2 has not joined by then"),
+    ("worker:2@step10:join,worker:2@step20:join", "worker:2 is running by then"),
+    ("worker:1@step10:join", "worker:1 is running by then"),
+])
+def test_a_join_must_come_first_and_once_into_room_left_empty(text, message):
+  with pytest.raises(errors.UsageError, match=message):
+    faults_lib.parse_faults(text, ROOMY, workers_started=2)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_random_schedule_hits_only_workers_that_started_and_never_resizes(seed):
+  faults = faults_lib.random_schedule(seed=seed, count=6, duration=120, cluster=ROOMY,
+                                      workers_started=2)
+  assert all(f.target.index < 2 for f in faults if f.target.job == Job.WORKER)
+  assert not any(f.action.resizes for f in faults)
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -23,7 +23,8 @@ def test_report():
   assert out["faults"][1] == {"target": "ps:0", "signal": "SIGTERM", "action": "term",
                               "back_after": 3.0, "time": 40.0, "recovered": True,
                               "seconds_to_recover": 12.0, "longest_stall_seconds": None,
-                              "stall_beyond_loop_seconds": None, "steps_lost": 0}
+                              "stall_beyond_loop_seconds": None, "loop_seconds_before": None,
+                              "loop_seconds_after": None, "steps_lost": 0}
 
 
 def _record(step, time, restored=False):
@@ -210,6 +211,33 @@ def test_a_kill_of_a_ps_the_coordinator_runs_without_needs_no_restore(tmp_path):
                    since_start=40.0)
   tracker.observe([_record(1800, 23.0)])
   assert not tracker.outcomes()[2].recovered
+
+
+def test_a_join_is_done_once_a_coordinator_restored_with_the_new_worker(tmp_path):
+  from tfps.recovery import progress_log
+  cluster = spec_lib.ClusterSpec.from_dict({
+      "chief": ["c:1"], "ps": ["p:1"], "worker": ["w:1", "w:2", "w:3"]})
+  log = progress_log.ProgressLog(str(tmp_path))
+  log.append(0, restored=True, now=10.0, left_out=("worker:1", "worker:2"))  # Room for two.
+  for step, now in [(200, 11.0), (400, 12.5), (600, 14.0)]:  # Loops of 1.5 s.
+    log.append(step, now=now)
+  tracker = tracker_lib.RecoveryTracker()
+  tracker.observe(log.read_new())
+  join, = faults_lib.parse_faults("worker:1@step600:join", cluster, workers_started=1)
+  tracker.injected(join, wall_time=14.5, since_start=4.5)
+  log.append(800, now=15.5)  # A loop of the coordinator without it: not the join.
+  log.append(600, restored=True, now=16.0, left_out=("worker:1", "worker:2"))  # Another restart.
+  log.append(800, now=17.0)
+  tracker.observe(log.read_new())
+  assert not tracker.outcomes()[0].recovered
+  log.append(800, restored=True, now=20.0, left_out=("worker:2",))  # It is in.
+  for step, now in [(1000, 21.5), (1200, 22.5), (1400, 23.5), (1600, 24.5)]:
+    log.append(step, now=now)  # Faster with it: loops of 1 s.
+  tracker.observe(log.read_new())
+  (joined,) = tracker.outcomes()
+  assert (joined.seconds_to_recover, joined.steps_lost) == (7.0, 0)
+  assert (joined.loop_before, joined.loop_after) == (1.5, 1.0)
+  assert tracker_lib.fault_kind(joined.as_dict()) == "worker join"
 
 
 def test_tracker_fault_never_followed_by_progress_is_not_recovered():

@@ -59,7 +59,7 @@ def test_evaluator_role_is_refused_with_a_reason(tfps):
 
 @pytest.mark.parametrize("faults, expected", [
     ("worker:9@1:kill", "--faults: 'worker:9@1:kill': no task worker:9 in this cluster"),
-    ("ps:0@1:zap", "action 'zap' is not kill, term, stop or cut"),
+    ("ps:0@1:zap", "action 'zap' is not kill, term, stop, cut, join or leave"),
     ("ps:0@1:cut+3", "'cut' needs --hosts=netns"),
 ])
 def test_chaos_bad_fault_spec_fails_before_starting_anything(tfps, tmp_path, faults, expected):

@@ -6,6 +6,7 @@ in the chief's command line of a `tfps k8s` manifest. A new setting fails
 them until it is given a value here, so none can be dropped on the way.
 """
 
+import dataclasses
 import json
 import os
 
@@ -31,6 +32,7 @@ EVERY_SETTING = {
     "eval_shards": "3", "global_batch_size": "96", "seed": "4", "ready_timeout": "77.5",
     "min_shard_bytes": "1234", "ps_timeout": "66.5", "max_restarts": "5",
     "restart_window": "333", "cluster_wait_seconds": "444", "worker_timeout": "55",
+    "min_workers": "2",
     "grace_seconds": "21", "warm_standby": "false", "ps_failover": "false",
     "failover_graphs": "false",
     "ps_readmit": "timed", "ps_readmit_after": "12.5", "exclude_tasks": "worker:1",
@@ -123,6 +125,7 @@ def test_spec_file_round_trip(tmp_path):
     ({"max_restarts": -1}, "max_restarts (-1) must be >= 0"),
     ({"min_shard_bytes": -1}, "min_shard_bytes (-1) must be >= 0"),
     ({"worker_timeout": 0.0}, "worker_timeout (0.0) must be positive"),
+    ({"min_workers": 0}, "min_workers (0) must be a positive integer"),
     ({"ps_timeout": -1.0}, "ps_timeout (-1.0) must be >= 0"),
     ({"ready_timeout": float("inf")}, "ready_timeout (inf) must be positive"),
     ({"mode": "sideways"}, "mode ('sideways') must be one of train, train_and_eval, eval"),
@@ -199,3 +202,11 @@ def test_a_ps_left_out_is_expected_back_soon_only_when_taken_back_by_time(readmi
   config = spec.coordinator_config(cluster)
   assert config.tasks_left_out == ("ps:0", "worker:1")
   assert config.tasks_expected_back == expected
+
+
+def test_an_elastic_coordinator_waits_for_its_workers_no_longer_than_worker_timeout():
+  cluster = spec_lib.ClusterSpec.from_dict({"chief": ["c:1"], "ps": ["p:1"], "worker": ["w:1"]})
+  fixed = run_spec.RunSpec(model_dir="/m", worker_timeout=30.0)
+  assert fixed.coordinator_config(cluster).workers_ready_timeout is None
+  elastic = dataclasses.replace(fixed, min_workers=1)
+  assert elastic.coordinator_config(cluster).workers_ready_timeout == 30.0

@@ -366,6 +366,8 @@ def test_local_with_unwritable_model_dir_fails_before_starting(tmp_path):
     ("chaos", "--steps_per_loop=0", "steps_per_loop (0) must be a positive integer"),
     ("local", "--worker_timeout=0", "worker_timeout (0.0) must be positive"),
     ("local", "--max_restarts=-1", "max_restarts (-1) must be >= 0"),
+    ("local", "--min_workers=2", "min_workers (2) must be at most the cluster spec's 1 workers"),
+    ("chaos", "--max_workers=0", "max_workers (0) must be an integer >= num_workers (1)"),
     ("local", "--train_epochs=2 --train_steps=100",
      "train_epochs (2) and train_steps (100): give one of the two"),
     ("local", "--input_shards=0", "input_shards (0) must be a positive integer"),
@@ -378,6 +380,7 @@ def test_local_with_unwritable_model_dir_fails_before_starting(tmp_path):
      "(ModuleNotFoundError: No module named 'nosuch')"),
 ], ids=["local_train_steps", "local_experiment_params", "local_unknown_experiment",
         "chaos_steps_per_loop", "local_worker_timeout", "local_max_restarts",
+        "local_min_workers", "chaos_max_workers",
         "local_epochs_and_steps", "local_input_shards", "local_ctr_setting",
         "local_missing_module"])
 def test_local_bad_chief_flag_fails_before_starting_anything(tmp_path, command, flag, message):

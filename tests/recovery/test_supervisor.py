@@ -40,7 +40,7 @@ class Harness:
   counts cluster waits; every probe answers `up`."""
 
   def __init__(self, plan, cluster_up=True, trained=lambda: False, idle=lambda: None,
-               up=frozenset(), ps_addresses=None, ps_back_due=lambda: True):
+               up=frozenset(), ps_addresses=None, ps_back_due=lambda: True, workers=()):
     self.plan = list(plan)
     self.ps_back_due = ps_back_due
     self.cluster_up = cluster_up
@@ -49,6 +49,7 @@ class Harness:
     self.trained, self.idle = trained, idle
     self.up = up
     self.ps_addresses = ps_addresses or {}
+    self.workers = tuple(workers)
     self.report = None
     self.closed = False
 
@@ -295,6 +296,58 @@ def test_worker_gone_then_back_restarts_the_coordinator_without_then_with_it(tmp
              if e.task_change is not None]
   assert changes == [("worker:1", "gone", ("worker:1",)), ("worker:1", "back", ())]
   assert harness.cluster_waits == 0
+
+
+def test_elastic_workers_start_on_those_that_answer_and_take_in_one_that_joins(tmp_path):
+  from tfps.cluster import spec as spec_lib
+  from tfps.recovery import task_watch
+  w0, w1, w2 = (spec_lib.TaskId(spec_lib.JobType.WORKER, i) for i in range(3))
+  exclusions = []
+  up = set()  # No worker answers at first: the supervisor waits for min_workers.
+  harness = Harness(["wait", 0], up=lambda: up, workers=(w0, w1, w2))
+  start_planned = harness.start
+
+  def start(attempt, excluded):
+    exclusions.append(set(excluded))
+    if attempt == 0:
+      up.add(w2)  # A worker joins the running job.
+    return start_planned(attempt)
+
+  harness.start = start
+  ticks = iter(range(10_000))
+
+  def clock():
+    now = float(next(ticks))
+    if now >= 3:
+      up.update({w0, w1})  # The launched workers answer.
+    return now
+
+  stop = signals.StopSignals()
+  stop.wait = lambda timeout=None: False  # The fake clock moves on each call instead.
+  result, log = supervise(
+      harness, tmp_path, stop=stop, probe_seconds=1.0, clock=clock, min_workers=2,
+      watch=task_watch.TaskWatch([w0, w1, w2], task_watch.TaskWatchConfig(
+          timeout=3.0, readmit_after=2.0, min_workers=2)))
+  assert result.exit_code == errors.ExitCode.OK
+  assert exclusions == [{w2}, set()]  # Started on w0 and w1; w2 taken in when it answered.
+  changes = [(e.task, e.task_change) for e in log.read() if e.task_change is not None]
+  assert changes == [("worker:2", "back")]
+  assert harness.cluster_waits == 0  # Every ps answered (there is none here).
+
+
+def test_too_few_workers_for_min_workers_end_the_run_retryable(tmp_path):
+  from tfps.cluster import spec as spec_lib
+  workers = [spec_lib.TaskId(spec_lib.JobType.WORKER, i) for i in range(2)]
+  harness = Harness([0], up={workers[0]}, workers=workers)
+  ticks = iter(range(10_000))
+  stop = signals.StopSignals()
+  stop.wait = lambda timeout=None: False
+  result, log = supervise(harness, tmp_path, stop=stop, clock=lambda: float(next(ticks)),
+                          min_workers=2, cluster_wait_seconds=30.0)
+  assert result.exit_code == errors.ExitCode.CLUSTER_LOST
+  assert "fewer workers than --min_workers=2 answered for 30s (1 of 2)" in result.reason
+  assert harness.started == []  # Nothing trains below min_workers.
+  assert [e.action for e in log.read()] == [policy.Action.GIVE_UP.value]
 
 
 @pytest.mark.parametrize("due_from_probe", [0, 20])

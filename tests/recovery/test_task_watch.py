@@ -44,8 +44,22 @@ def test_the_last_worker_is_never_excluded():
   assert w.update(set(), {W[0], W[1]}, now=40) == []
 
 
+def test_no_worker_is_left_out_below_min_workers():
+  w = task_watch.TaskWatch(W, task_watch.TaskWatchConfig(timeout=10.0, min_workers=2))
+  w.update({W[0]}, set(), now=0)
+  assert w.update({W[0]}, set(), now=20) == [(GONE, W[1])]  # Two left; not a second.
+  assert w.update({W[0]}, {W[1]}, now=40) == []
+
+
+def test_a_coordinator_starts_on_the_workers_that_answer_once_enough_do():
+  assert task_watch.silent_workers(W, {W[0]}, min_workers=2) is None
+  assert task_watch.silent_workers(W, {W[0], W[2]}, min_workers=2) == {W[1]}
+  assert task_watch.silent_workers(W, set(W), min_workers=3) == frozenset()
+
+
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(timeout=0), r"timeout \(0\)"), (dict(readmit_after=-1), r"readmit_after \(-1\)")])
+    (dict(timeout=0), r"timeout \(0\)"), (dict(readmit_after=-1), r"readmit_after \(-1\)"),
+    (dict(min_workers=0), r"min_workers \(0\)")])
 def test_config_validation(kwargs, message):
   with pytest.raises(ValueError, match=message):
     task_watch.TaskWatchConfig(**kwargs)

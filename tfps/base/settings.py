@@ -106,6 +106,10 @@ RUN_SETTINGS = (
     Setting("worker_timeout", "supervision", "float", 60.0,
             'chief: seconds a worker may be unreachable before training goes on without it '
             '(it is taken back when it answers again).'),
+    Setting("min_workers", "supervision", "integer", None,
+            'chief: workers that must answer for training to run (default: every worker of '
+            'the cluster spec). The others join when they answer: the coordinator saves and '
+            'restarts with them. A worker is never left out if that leaves fewer.'),
     Setting("grace_seconds", "supervision", "float", 15.0,
             'Seconds between SIGTERM and the hard kill (GKE Spot pods ~15, Spot VMs ~30).'),
     Setting("warm_standby", "supervision", "bool", True,

@@ -11,6 +11,9 @@ reached global step N (as the progress log shows), whatever the host's speed:
   worker:1@50:kill+never the worker never comes back
   ps:0@70:cut+8          cut ps 0's network link for 8 s (virtual hosts only)
   ps:0@step800:kill+3    SIGKILL ps 0 once step 800 is reached
+  worker:2@step900:join  start worker 2, room the cluster had but did not fill
+                         (`--max_workers`): a worker joins the running job
+  worker:1@step990:leave SIGTERM worker 1 for good: a worker leaves the job
 
 Times count from the start of training. `random_schedule` draws a seeded
 schedule, spread over the run's steps (or over seconds); whatever the draw,
@@ -35,16 +38,25 @@ class FaultAction(str, enum.Enum):
   TERM = "term"  # SIGTERM: a preemption with notice
   STOP = "stop"  # SIGSTOP, then SIGCONT after the delay
   CUT = "cut"  # Network link down, up again after the delay (a partition)
+  JOIN = "join"  # A worker the cluster had room for starts (elastic workers)
+  LEAVE = "leave"  # SIGTERM, never back: a worker taken away for good
 
   @property
   def signal(self) -> int | None:
-    """The signal sent, or None for a network fault."""
+    """The signal sent, or None for a network fault or a join."""
     return {FaultAction.KILL: signal.SIGKILL, FaultAction.TERM: signal.SIGTERM,
-            FaultAction.STOP: signal.SIGSTOP}.get(self)
+            FaultAction.STOP: signal.SIGSTOP, FaultAction.LEAVE: signal.SIGTERM}.get(self)
 
   @property
   def name_of_fault(self) -> str:
+    if self == FaultAction.JOIN:
+      return "JOIN"
     return signal.Signals(self.signal).name if self.signal else "LINK_DOWN"
+
+  @property
+  def resizes(self) -> bool:
+    """A change of the set of workers, not a fault to come back from."""
+    return self in (FaultAction.JOIN, FaultAction.LEAVE)
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -71,6 +83,9 @@ class Fault:
     if self.back_after is NEVER and self.action in (FaultAction.STOP, FaultAction.CUT):
       raise errors.UsageError(
           f"fault {self}: a stopped or cut-off task must come back (+SECONDS)")
+    if self.action.resizes and (self.target.job != spec_lib.JobType.WORKER
+                                or self.back_after is not NEVER):
+      raise errors.UsageError(f"fault {self}: only a worker joins or leaves, and for good")
     if self.back_after is NEVER and self.target.job != spec_lib.JobType.WORKER:
       raise errors.UsageError(
           f"fault {self}: only a worker may never come back (the job needs its ps and chief)")
@@ -80,11 +95,18 @@ class Fault:
   def __str__(self) -> str:
     after = "never" if self.back_after is NEVER else f"{self.back_after:g}"
     when = f"step{self.at_step}" if self.at_step is not None else f"{self.at_seconds:g}"
+    if self.action.resizes:
+      return f"{self.target}@{when}:{self.action.value}"
     return f"{self.target}@{when}:{self.action.value}+{after}"
 
 
-def parse_faults(text: str, cluster: spec_lib.ClusterSpec) -> tuple[Fault, ...]:
-  """Parses `--faults`; every target must exist in `cluster`."""
+def parse_faults(text: str, cluster: spec_lib.ClusterSpec, *,
+                 workers_started: int | None = None) -> tuple[Fault, ...]:
+  """Parses `--faults`; every target must exist in `cluster`.
+
+  `workers_started`: the workers that start with the cluster (default: all);
+  the others must join before any other fault hits them.
+  """
   faults = []
   for item in filter(None, (part.strip() for part in text.split(","))):
     faults.append(_parse_one(item, cluster))
@@ -92,7 +114,29 @@ def parse_faults(text: str, cluster: spec_lib.ClusterSpec) -> tuple[Fault, ...]:
     raise errors.UsageError(f"--faults: no fault in {text!r}")
   if len({f.at_step is None for f in faults}) > 1:
     raise errors.UsageError(f"--faults: {text!r} mixes seconds and steps; use one of the two")
-  return tuple(sorted(faults, key=_order))
+  faults = sorted(faults, key=_order)
+  _check_joins(faults, cluster.num_tasks(spec_lib.JobType.WORKER) if workers_started is None
+               else workers_started)
+  return tuple(faults)
+
+
+def _check_joins(faults: list[Fault], workers_started: int) -> None:
+  """A worker joins only into room the cluster left empty, once, before other faults hit it."""
+  joined = set()
+  for fault in faults:  # In the order they are injected.
+    target = fault.target
+    if target.job != spec_lib.JobType.WORKER:
+      continue
+    started = target.index < workers_started or target in joined
+    if fault.action == FaultAction.JOIN:
+      if started:
+        raise errors.UsageError(
+            f"--faults: {fault}: {target} is running by then; a worker joins into room "
+            f"the cluster has beyond --num_workers ({workers_started}), once")
+      joined.add(target)
+    elif not started:
+      raise errors.UsageError(f"--faults: {fault}: {target} has not joined by then "
+                              f"(only {workers_started} workers start; add {target}@...:join)")
 
 
 def _order(fault: Fault) -> tuple:
@@ -112,12 +156,15 @@ def _parse_one(item: str, cluster: spec_lib.ClusterSpec) -> Fault:
   try:
     action = FaultAction(action_name)
   except ValueError:
-    raise errors.UsageError(
-        f"--faults: {item!r}: action {action_name!r} is not kill, term, stop or cut") from None
+    raise errors.UsageError(f"--faults: {item!r}: action {action_name!r} is not kill, term, "
+                            "stop, cut, join or leave") from None
+  if action.resizes and plus:
+    raise errors.UsageError(f"--faults: {item!r}: {action.value} is for good (no +SECONDS)")
   try:
     at_step = int(when[len("step"):]) if when.startswith("step") else None
     at_seconds = 0.0 if at_step is not None else float(when)
-    back_after = (NEVER if after == "never" else float(after)) if plus else 5.0
+    back_after = NEVER if action.resizes else (
+        (NEVER if after == "never" else float(after)) if plus else 5.0)
   except ValueError:
     raise errors.UsageError(f"--faults: {item!r} must look like {usage}") from None
   if at_step is not None and at_step < 0:
@@ -134,7 +181,8 @@ _STEP_SPAN = (0.05, 0.75)
 def random_schedule(*, seed: int, count: int, duration: float,
                     cluster: spec_lib.ClusterSpec, never_returns: bool = False,
                     back_after: float = 5.0, network_faults: bool = False,
-                    train_steps: int | None = None) -> tuple[Fault, ...]:
+                    train_steps: int | None = None,
+                    workers_started: int | None = None) -> tuple[Fault, ...]:
   """`count` faults drawn from `seed`, spread over the run's steps or `duration` seconds.
 
   With `train_steps`, fault i is injected once training reaches a step in
@@ -145,11 +193,15 @@ def random_schedule(*, seed: int, count: int, duration: float,
   seconds. The first three hit a worker, a ps and the chief (in a seeded
   order); the rest pick any task. With `never_returns`, one worker fault is
   permanent; with `network_faults` (virtual hosts), link cuts are drawn too.
+  Only the `workers_started` first workers are hit (default: all); joins and
+  leaves are never drawn.
   """
   if count < 3:
     raise errors.UsageError(f"fault count ({count}) must be >= 3 (a worker, a ps, the chief)")
   rng = random.Random(seed)
-  tasks = list(cluster.for_coordinator().tasks())
+  tasks = [t for t in cluster.for_coordinator().tasks()
+           if t.job != spec_lib.JobType.WORKER or workers_started is None
+           or t.index < workers_started]
   jobs = [spec_lib.JobType.WORKER, spec_lib.JobType.PS, spec_lib.JobType.CHIEF]
   rng.shuffle(jobs)
   targets = [rng.choice([t for t in tasks if t.job == job]) for job in jobs]
@@ -159,7 +211,8 @@ def random_schedule(*, seed: int, count: int, duration: float,
   faults = []
   for i, target in enumerate(targets):
     fraction = rng.uniform(0.1, 0.4)
-    action = rng.choice([a for a in FaultAction if a != FaultAction.CUT or network_faults])
+    action = rng.choice([a for a in FaultAction if not a.resizes
+                         and (a != FaultAction.CUT or network_faults)])
     if train_steps:
       at_step = int(low + (high - low) / count * (i + fraction))
       faults.append(Fault(0.0, target, action, back_after, at_step=at_step))

@@ -34,6 +34,9 @@ class FaultOutcome:
   # The median time of the loops just before the fault: what a stall would be
   # without it (a loop ends only when all its closures have).
   loop_before: float | None = None
+  # The median time of the loops after its recovery, up to the next fault:
+  # against `loop_before`, what the fault changed for good (a join: more workers).
+  loop_after: float | None = None
 
   @property
   def stall_beyond_loop(self) -> float | None:
@@ -49,6 +52,7 @@ class FaultOutcome:
             "recovered": self.recovered, "seconds_to_recover": self.seconds_to_recover,
             "longest_stall_seconds": self.longest_stall,
             "stall_beyond_loop_seconds": self.stall_beyond_loop,
+            "loop_seconds_before": self.loop_before, "loop_seconds_after": self.loop_after,
             "steps_lost": self.steps_lost}
 
 
@@ -77,12 +81,15 @@ class _InFlight:
   # coordinator with it: recovered only after a new one restored. Loops that
   # end before it is gone (a preempted task saves first) do not count.
   needs_restore: bool = False
+  # A worker that joins: done once a coordinator restored with it in its cluster.
+  joining: bool = False
   steps_lost: int = 0
   seconds_to_recover: float | None = None
   last_loop_end: float = 0.0  # The fault itself, then each loop's end in its window.
   longest_stall: float = 0.0
   window_open: bool = True
   loop_before: float | None = None
+  loops_after: list[float] = dataclasses.field(default_factory=list)
 
   @property
   def stall_known(self) -> bool:
@@ -100,7 +107,10 @@ class RecoveryTracker:
   chief killed or preempted) is recovered only by a loop after the
   new coordinator's restore, so loops still finishing while a preempted task
   saves are not mistaken for recovery; a ps the running coordinator was
-  started without (its restore record says so) takes nothing down.
+  started without (its restore record says so) takes nothing down. A
+  worker that joins is in only after a restore whose cluster holds it (its
+  seconds to recover count from its start: its import, the chief's wait for
+  it to answer steadily, and the restart).
 
   First progress can understate what a fault cost: a loop whose closures were
   already done may end just after a worker is cut, and the *next* loop then
@@ -132,9 +142,10 @@ class RecoveryTracker:
     # loops cannot end while the link is down, so any later loop is progress.
     # A ps the running coordinator was started without (ps failover) takes
     # nothing down with it: training goes on, as for a worker.
-    needs_restore = (fault.target.job != spec_lib.JobType.WORKER
-                     and fault.action not in (FaultAction.STOP, FaultAction.CUT)
-                     and str(fault.target) not in self._left_out)
+    joining = fault.action == FaultAction.JOIN
+    needs_restore = joining or (fault.target.job != spec_lib.JobType.WORKER
+                                and fault.action not in (FaultAction.STOP, FaultAction.CUT)
+                                and str(fault.target) not in self._left_out)
     for f in self._faults:  # A new fault ends the earlier ones' stall windows.
       if f.window_open:
         f.longest_stall = max(f.longest_stall, wall_time - f.last_loop_end)
@@ -142,8 +153,8 @@ class RecoveryTracker:
     loop_before = (round(statistics.median(self._loop_seconds), 2) if self._loop_seconds
                    else None)
     self._faults.append(_InFlight(fault, wall_time, since_start, self._last_step,
-                                  self._last_step, needs_restore, last_loop_end=wall_time,
-                                  loop_before=loop_before))
+                                  self._last_step, needs_restore, joining,
+                                  last_loop_end=wall_time, loop_before=loop_before))
 
   def observe(self, records: Sequence[progress_lib.Progress]) -> None:
     for record in records:
@@ -151,6 +162,8 @@ class RecoveryTracker:
       # fault's cost: it ends the stall windows of the others, like a fault,
       # but not of one that this restart recovers (it may take a task back too).
       taken_back = set(self._left_out) - set(record.left_out) if record.restored else set()
+      # Faults recovered before this record: its loop is an ordinary one for them.
+      recovered = [f for f in self._faults if f.seconds_to_recover is not None]
       for f in self._faults:
         if record.time < f.injected_wall:
           continue
@@ -161,6 +174,8 @@ class RecoveryTracker:
           f.last_loop_end = record.time
         if f.seconds_to_recover is not None:
           continue
+        if record.restored and f.joining and str(f.fault.target) in record.left_out:
+          continue  # A coordinator that has not taken the new worker in yet.
         if record.restored:
           f.baseline = record.step
           f.steps_lost = max(f.steps_lost, f.step_at_fault - record.step)
@@ -176,7 +191,11 @@ class RecoveryTracker:
         self._loop_seconds.clear()  # A new coordinator's loops may differ (fast start).
       else:
         if self._last_loop_end is not None:
-          self._loop_seconds.append(record.time - self._last_loop_end)
+          seconds = record.time - self._last_loop_end
+          self._loop_seconds.append(seconds)
+          for f in recovered:  # Ordinary loops after a recovery, before the next fault.
+            if f.window_open:
+              f.loops_after.append(seconds)
         self._last_loop_end = record.time
 
   @property
@@ -187,14 +206,17 @@ class RecoveryTracker:
     return [FaultOutcome(f.fault, f.injected_at, f.seconds_to_recover is not None,
                          f.seconds_to_recover, f.steps_lost,
                          round(f.longest_stall, 2) if f.stall_known else None,
-                         f.loop_before)
+                         f.loop_before,
+                         round(statistics.median(f.loops_after), 2) if f.loops_after else None)
             for f in self._faults]
 
 
 def fault_kind(fault: dict) -> str:
   """A reported fault's row in a soak table: `worker kill`, `ps term`, `worker never`..."""
   job = fault["target"].partition(":")[0]
-  return f"{job} never" if fault.get("back_after") is NEVER else f"{job} {fault['action']}"
+  if fault.get("back_after") is NEVER and fault["action"] not in ("join", "leave"):
+    return f"{job} never"
+  return f"{job} {fault['action']}"
 
 
 def soak_summary(results: Sequence[dict | None]) -> dict:

@@ -53,7 +53,10 @@ class LocalClusterConfig:
 
   Attributes:
     num_ps: parameter servers (>= 1).
-    num_workers: workers (>= 1).
+    num_workers: workers started with the cluster (>= 1).
+    max_workers: workers in the cluster spec (default `num_workers`): those
+      beyond `num_workers` are places for workers that join later (their
+      handles exist, unstarted, until `TaskHandle.start`).
     work_dir: where the spec file and per-task logs go; default a temp dir.
     isolate_network: run in a private network namespace when possible.
     hosts: "loopback" (every task on one private loopback) or "netns" (every
@@ -72,6 +75,7 @@ class LocalClusterConfig:
 
   num_ps: int = 2
   num_workers: int = 2
+  max_workers: int | None = None
   work_dir: str | None = None
   isolate_network: bool = True
   hosts: str = "loopback"
@@ -85,6 +89,11 @@ class LocalClusterConfig:
       value = getattr(self, field)
       if not isinstance(value, int) or value < 1:
         raise errors.UsageError(f"{field} ({value!r}) must be a positive integer")
+    if self.max_workers is not None and (
+        not isinstance(self.max_workers, int) or self.max_workers < self.num_workers):
+      raise errors.UsageError(
+          f"max_workers ({self.max_workers!r}) must be an integer >= num_workers "
+          f"({self.num_workers})")
     if self.hosts not in ("loopback", "netns"):
       raise errors.UsageError(f"hosts ({self.hosts!r}) must be loopback or netns")
     if self.hosts == "netns" and (reason := hosts_lib.unavailable()) is not None:
@@ -226,14 +235,15 @@ class LocalCluster:
     self.log_dir = os.path.join(self.work_dir, "logs")
     self.network: netns.PrivateNetwork | None = None
     self.virtual_hosts: hosts_lib.VirtualHosts | None = None
+    num_workers = config.max_workers or config.num_workers
     if config.hosts == "netns":
       # Like separate VMs: every task on its own named host, all on the same port.
-      counts = {"chief": 1, "ps": config.num_ps, "worker": config.num_workers}
+      counts = {"chief": 1, "ps": config.num_ps, "worker": num_workers}
       jobs = {job: [f"{host_name(TaskId(JobType(job), i))}:{_NETNS_PORT}" for i in range(n)]
               for job, n in counts.items()}
     else:
       jobs = {"chief": [_chief_address()], "ps": _addresses(config.num_ps),
-              "worker": _addresses(config.num_workers)}
+              "worker": _addresses(num_workers)}
     self.spec = spec_lib.ClusterSpec.from_dict(jobs)
     self._host_of = {task: i for i, task in enumerate(self.spec.tasks())}
     self.spec_file = os.path.join(self.work_dir, "cluster.json")
@@ -264,13 +274,16 @@ class LocalCluster:
         own = (f"--graph_cache_dir={graph_cache_dir}",) if task.job == JobType.WORKER else ()
         handle = TaskHandle(self, task, self.task_argv(task, (*own, *self.config.task_flags)))
         self.tasks[task] = handle
-        handle.start()
+        if task.job == JobType.PS or task.index < self.config.num_workers:
+          handle.start()  # The others join later.
       self.wait_ready()
     except BaseException:
       self.close()
       raise
-    logging.info("local cluster up: %d ps, %d workers (%s); logs in %s",
+    room = self.spec.num_tasks(JobType.WORKER)
+    logging.info("local cluster up: %d ps, %d workers%s (%s); logs in %s",
                  self.config.num_ps, self.config.num_workers,
+                 f" (room for {room})" if room > self.config.num_workers else "",
                  "private network" if self.isolated else "HOST network", self.log_dir)
     return self
 
@@ -359,7 +372,7 @@ class LocalCluster:
 
   def wait_ready(self, tasks: Sequence[TaskId] | None = None,
                  timeout: float | None = None) -> None:
-    """Blocks until `tasks` (default: every ps and worker) answer on gRPC.
+    """Blocks until `tasks` (default: every ps and worker started) answer on gRPC.
 
     Raises:
       readiness.ClusterUnreachableError: naming the tasks that did not answer.
@@ -367,7 +380,7 @@ class LocalCluster:
     """
     timeout = timeout or self.config.ready_timeout
     tasks = list(tasks) if tasks is not None else [
-        t for t in self.tasks if t.job != JobType.CHIEF]
+        t for t, handle in self.tasks.items() if t.job != JobType.CHIEF and handle.starts]
     self._raise_if_exited(tasks)
     # Probed from a process of its own (inside the cluster's network, if it has
     # one) while we watch the tasks: one that dies is reported at once, not

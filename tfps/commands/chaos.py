@@ -2,7 +2,8 @@
 
 Faults (see `chaos.faults`) are SIGKILL, SIGTERM and SIGSTOP/SIGCONT of
 workers, ps and the chief, each target brought back after its delay (or
-never, for a worker). A fault is injected once training reaches its step
+never, for a worker), link cuts, and workers that join (`--max_workers`
+leaves room for them) or leave for good. A fault is injected once training reaches its step
 (random schedules place faults by step, so they land while training runs
 on any host), or at its time, counted from the first progress record. A
 task taken down by a fault is held down (the orchestrator does not restart
@@ -55,7 +56,8 @@ class _Restore:
 
 def schedule(flags, cluster: local.LocalCluster) -> tuple[faults_lib.Fault, ...]:
   if flags.faults:
-    faults = faults_lib.parse_faults(flags.faults, cluster.spec)
+    faults = faults_lib.parse_faults(flags.faults, cluster.spec,
+                                     workers_started=cluster.config.num_workers)
     if cluster.config.hosts != "netns" and any(
         f.action == faults_lib.FaultAction.CUT for f in faults):
       raise errors.UsageError("--faults: 'cut' needs --hosts=netns (a task per virtual host)")
@@ -67,7 +69,8 @@ def schedule(flags, cluster: local.LocalCluster) -> tuple[faults_lib.Fault, ...]
       seed=flags.seed, count=flags.fault_count, duration=flags.chaos_duration,
       cluster=cluster.spec, never_returns=flags.worker_never_returns,
       back_after=flags.restart_delay, network_faults=cluster.config.hosts == "netns",
-      train_steps=flags.train_steps if by_steps else None)
+      train_steps=flags.train_steps if by_steps else None,
+      workers_started=cluster.config.num_workers)
 
 
 def run(flags) -> errors.ExitCode:
@@ -164,7 +167,10 @@ def _inject(cluster, runner, fault: faults_lib.Fault) -> None:
   if fault.action == faults_lib.FaultAction.STOP:
     handle.pause()  # The whole task: the chief's coordinator runs in its own session.
     return
-  runner.held.add(fault.target)  # Down until its delay is over.
+  if fault.action == faults_lib.FaultAction.JOIN:
+    handle.start()  # The chief takes it in once it answers (its task watch).
+    return
+  runner.held.add(fault.target)  # Down until its delay is over (for good: a leave).
   handle.kill(fault.action.signal)
 
 

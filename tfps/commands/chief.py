@@ -54,9 +54,11 @@ def supervision(spec: run_spec.RunSpec
               cluster_wait_seconds=spec.cluster_wait_seconds,
               stop_grace_seconds=spec.grace_seconds,
               ps_deadline_seconds=(spec.ps_timeout + _SUPERVISOR_PS_MARGIN_SECONDS
-                                   if spec.ps_timeout > 0 else None)),
+                                   if spec.ps_timeout > 0 else None),
+              min_workers=spec.min_workers),
           task_watch.TaskWatchConfig(timeout=spec.worker_timeout,
-                                     ps_readmit_after=spec.ps_readmit_after))
+                                     ps_readmit_after=spec.ps_readmit_after,
+                                     min_workers=spec.min_workers or 1))
 
 
 class _CoordinatorLauncher:
@@ -139,12 +141,24 @@ class _ClusterProbes:
   def ps_addresses(self) -> dict:
     return {t: self.cluster.address(t) for t in self.servers if t.job == spec_lib.JobType.PS}
 
+  @property
+  def workers(self) -> tuple[spec_lib.TaskId, ...]:
+    return tuple(t for t in self.servers if t.job == spec_lib.JobType.WORKER)
+
   def reachable(self) -> set:
     return readiness.reachable(self.cluster, self.servers, _PROBE_SECONDS)
 
   def wait_until_reachable(self, seconds: float, excluded: frozenset) -> None:
     readiness.wait_until_reachable(self.cluster, seconds,
                                    tasks=[t for t in self.servers if t not in excluded])
+
+
+def check_min_workers(spec: run_spec.RunSpec, cluster: spec_lib.ClusterSpec) -> None:
+  """`min_workers` no larger than the cluster spec's workers: one line, exit 2."""
+  workers = cluster.num_tasks(spec_lib.JobType.WORKER)
+  if spec.min_workers is not None and spec.min_workers > workers:
+    raise errors.UsageError(
+        f"min_workers ({spec.min_workers}) must be at most the cluster spec's {workers} workers")
 
 
 def supervise(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, *,
@@ -155,7 +169,8 @@ def supervise(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, *,
   api.check_experiment_findable(spec.experiment)
   probes = _ClusterProbes(config.cluster, tuple(
       t for t in config.cluster.for_coordinator().tasks() if t.job != spec_lib.JobType.CHIEF))
-  workers = [t for t in probes.servers if t.job == spec_lib.JobType.WORKER]
+  check_min_workers(spec, config.cluster)
+  workers = list(probes.workers)
   event_log = events.EventLog(spec.model_dir)
   # Removed when the chief ends, or by the next chief's sweep if it is killed.
   with scratch_lib.ScratchDir("tfps-chief-") as scratch:

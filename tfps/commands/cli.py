@@ -106,6 +106,11 @@ _section("training")
 # --- local cluster ---------------------------------------------------------------
 flags.DEFINE_integer("num_ps", 2, "tfps local/k8s, run --cluster_from=jobset: parameter servers.")
 flags.DEFINE_integer("num_workers", 2, "tfps local/k8s, run --cluster_from=jobset: workers.")
+flags.DEFINE_integer("max_workers", None,
+                     "tfps local/chaos: workers the cluster has room for (default: "
+                     "--num_workers). --num_workers start; the others may join while it "
+                     "trains (tfps chaos: worker:N@stepS:join), and the chief trains once "
+                     "--min_workers answer (here by default --num_workers).")
 flags.DEFINE_bool("isolate_network", True,
                   "tfps local: run the cluster in a private network namespace (needs root).")
 flags.DEFINE_enum("hosts", "loopback", ["loopback", "netns"],
@@ -122,7 +127,8 @@ _section("local")
 # --- chaos -------------------------------------------------------------------------
 flags.DEFINE_string("faults", None,
                     "tfps chaos: explicit faults TARGET@SECONDS:ACTION[+SECONDS|+never], "
-                    "comma-separated, e.g. worker:1@20:kill+5,ps:0@40:term+3.")
+                    "comma-separated, e.g. worker:1@20:kill+5,ps:0@40:term+3; actions kill, "
+                    "term, stop, cut, and join/leave for workers (with --max_workers).")
 flags.DEFINE_integer("fault_count", 3, "tfps chaos: random faults (>= 3: worker, ps, chief).")
 flags.DEFINE_float("chaos_duration", 60.0, "tfps chaos: seconds of training to spread faults over.")
 flags.DEFINE_float("restart_delay", 5.0, "tfps chaos: seconds before a faulted task comes back.")

@@ -54,8 +54,15 @@ def prepare_model_dir(model_dir: str | None) -> str:
 
 
 def local_spec(flags) -> run_spec.RunSpec:
-  """The run spec from the flags, its model_dir made (a temp dir if not given)."""
+  """The run spec from the flags, its model_dir made (a temp dir if not given).
+
+  With room for more workers than start (`--max_workers`), the chief trains
+  on those that start (`min_workers`, unless given) and takes in the others
+  when they join.
+  """
   spec = run_spec.from_flags(flags)
+  if (flags.max_workers or 0) > flags.num_workers and spec.min_workers is None:
+    spec = dataclasses.replace(spec, min_workers=flags.num_workers)
   return dataclasses.replace(spec, model_dir=prepare_model_dir(spec.model_dir))
 
 
@@ -73,6 +80,7 @@ def check_spec(spec: run_spec.RunSpec, cluster: local.LocalCluster) -> None:
   """
   spec.coordinator_config(cluster.spec.for_coordinator())
   chief.supervision(spec)
+  chief.check_min_workers(spec, cluster.spec)
   api.check_experiment_findable(spec.experiment)
   check_experiment_loads(spec.experiment, spec.experiment_params)
 
@@ -96,7 +104,8 @@ def check_experiment_loads(experiment: str, params) -> None:
 
 def cluster_config(flags, model_dir: str) -> local.LocalClusterConfig:
   return local.LocalClusterConfig(
-      num_ps=flags.num_ps, num_workers=flags.num_workers, work_dir=model_dir,
+      num_ps=flags.num_ps, num_workers=flags.num_workers, max_workers=flags.max_workers,
+      work_dir=model_dir,
       isolate_network=flags.isolate_network, hosts=flags.hosts,
       new_address_on_restart=flags.new_address_on_restart,
       ready_timeout=flags.ready_timeout, graph_cache_dir=flags.graph_cache_dir)

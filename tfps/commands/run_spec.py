@@ -40,7 +40,7 @@ class RunSpec(settings.LoopSettings):
     split), ps_timeout (0: no deadline): the coordinator's (`CoordinatorConfig`).
       Exactly one of train_steps and train_epochs is set.
     max_restarts, restart_window, cluster_wait_seconds, worker_timeout,
-    grace_seconds, warm_standby, ps_failover, ps_readmit, ps_readmit_after:
+    min_workers (None: every worker of the cluster spec), grace_seconds, warm_standby, ps_failover, ps_readmit, ps_readmit_after:
       the chief's supervisor.
     failover_graphs: with ps_failover, the coordinator's too.
     exclude_tasks: workers and ps the supervisor leaves out of a
@@ -60,6 +60,7 @@ class RunSpec(settings.LoopSettings):
   restart_window: float = _DEFAULTS["restart_window"]
   cluster_wait_seconds: float = _DEFAULTS["cluster_wait_seconds"]
   worker_timeout: float = _DEFAULTS["worker_timeout"]
+  min_workers: int | None = _DEFAULTS["min_workers"]
   grace_seconds: float = _DEFAULTS["grace_seconds"]
   warm_standby: bool = _DEFAULTS["warm_standby"]
   ps_failover: bool = _DEFAULTS["ps_failover"]
@@ -118,7 +119,11 @@ class RunSpec(settings.LoopSettings):
         min_shard_bytes=self.min_shard_bytes or None,
         ps_timeout=self.ps_timeout or None, tasks_left_out=self.exclude_tasks,
         failover_graphs=self.ps_failover and self.failover_graphs,
-        tasks_expected_back=readmission.expected_back(self.exclude_tasks, self.ps_readmit))
+        tasks_expected_back=readmission.expected_back(self.exclude_tasks, self.ps_readmit),
+        # Elastic: the supervisor started it on workers that answered; one
+        # gone since is left out by the next start, not waited for.
+        workers_ready_timeout=(min(self.ready_timeout, self.worker_timeout)
+                               if self.min_workers is not None else None))
 
   def to_json(self) -> dict[str, Any]:
     out = {name: getattr(self, name) for name in FIELDS}  # asdict cannot copy a mappingproxy.
@@ -161,7 +166,7 @@ _CHIEF_FIELDS = ("experiment", "experiment_params", "mode", "train_steps", "trai
                  *(f.name for f in dataclasses.fields(settings.LoopSettings)))
 _POSITIVE_INTS = ("train_steps", "train_epochs", "input_shards", "steps_per_loop",
                   "steps_per_closure", "checkpoint_interval", "max_to_keep", "eval_steps",
-                  "eval_interval", "eval_shards", "global_batch_size")
+                  "eval_interval", "eval_shards", "global_batch_size", "min_workers")
 _SECONDS = {"ready_timeout": "positive", "restart_window": "positive",
             "cluster_wait_seconds": "positive", "worker_timeout": "positive",
             "grace_seconds": "positive", "ps_timeout": ">= 0", "ps_readmit_after": ">= 0",

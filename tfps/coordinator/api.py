@@ -212,6 +212,11 @@ class CoordinatorConfig(settings.LoopSettings):
       restart this coordinator to take back soon after they answer again
       (`recovery.readmission.expected_back`): with any, it is expected to
       live short (`recovery.closure_plan`).
+    workers_ready_timeout: seconds to wait for the workers to answer, if
+      less than `ready_timeout`: with elastic workers (`--min_workers`) the
+      supervisor started this coordinator on the workers that answered; one
+      that has stopped since makes it exit retryable at once, and the next
+      starts without it. None: `ready_timeout`.
   """
 
   cluster: spec_lib.ClusterSpec
@@ -228,6 +233,7 @@ class CoordinatorConfig(settings.LoopSettings):
   failover_graphs: bool = False
   tasks_left_out: tuple[str, ...] = ()
   tasks_expected_back: tuple[str, ...] = ()
+  workers_ready_timeout: float | None = None
 
   def __post_init__(self):
     if not isinstance(self.cluster, spec_lib.ClusterSpec):
@@ -262,6 +268,10 @@ class CoordinatorConfig(settings.LoopSettings):
     if isinstance(self.ready_timeout, bool) or not isinstance(self.ready_timeout, (int, float)) \
         or not 0 < self.ready_timeout < float("inf"):
       raise errors.UsageError(f"ready_timeout ({self.ready_timeout!r}) must be positive seconds")
+    if self.workers_ready_timeout is not None and not 0 < self.workers_ready_timeout < float(
+        "inf"):
+      raise errors.UsageError(f"workers_ready_timeout ({self.workers_ready_timeout!r}) must be "
+                              "positive seconds or None")
     if isinstance(self.max_closure_seconds, bool) or not isinstance(
         self.max_closure_seconds, (int, float)) or not 0 <= self.max_closure_seconds < float("inf"):
       raise errors.UsageError(

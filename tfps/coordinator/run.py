@@ -343,7 +343,8 @@ def _run_chief(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts)
   factory = experiment_lib.load_factory(config.experiment)
   experiment_lib.check_params(config.experiment, config.experiment_params)
   runtime = strategy_lib.connect(config.cluster, ready_timeout=config.ready_timeout,
-                                 min_shard_bytes=config.min_shard_bytes)
+                                 min_shard_bytes=config.min_shard_bytes,
+                                 workers_ready_timeout=config.workers_ready_timeout)
   with _classified_errors("connecting"):
     sentinels = ps_state.PsSentinels(runtime.cluster)  # What each ps must keep holding.
   # From here on every ps must keep answering, and holding its state: a partition

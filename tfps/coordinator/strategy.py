@@ -71,12 +71,15 @@ class PSRuntime:
 
 
 def connect(cluster: spec_lib.ClusterSpec, *, ready_timeout: float,
-            min_shard_bytes: int | None = DEFAULT_MIN_SHARD_BYTES) -> PSRuntime:
+            min_shard_bytes: int | None = DEFAULT_MIN_SHARD_BYTES,
+            workers_ready_timeout: float | None = None) -> PSRuntime:
   """Waits for the cluster, then builds the strategy and its coordinator.
 
   Args:
     cluster: the whole cluster; evaluators are dropped (tensorflow#46169).
     ready_timeout: seconds to wait for every ps and worker to answer.
+    workers_ready_timeout: seconds to wait for the workers, if less (elastic
+      workers: one that does not answer is left out by the next start).
     min_shard_bytes: split variables larger than this across the ps tasks
       (at most one shard per ps); None or 0 disables partitioning.
 
@@ -96,7 +99,14 @@ def connect(cluster: spec_lib.ClusterSpec, *, ready_timeout: float,
         "cluster.worker: parameter-server training needs at least one worker")
   # The chief's own address is served by this process once connected.
   remote = [t for t in cluster.tasks() if t.job != spec_lib.JobType.CHIEF]
-  readiness.wait_until_reachable(cluster, ready_timeout, tasks=remote)
+  if workers_ready_timeout is None:
+    readiness.wait_until_reachable(cluster, ready_timeout, tasks=remote)
+  else:
+    readiness.wait_until_reachable(
+        cluster, ready_timeout, tasks=[t for t in remote if t.job == spec_lib.JobType.PS])
+    readiness.wait_until_reachable(
+        cluster, min(ready_timeout, workers_ready_timeout),
+        tasks=[t for t in remote if t.job == spec_lib.JobType.WORKER])
 
   num_ps = cluster.num_tasks(spec_lib.JobType.PS)
   partitioner = None

@@ -2,8 +2,9 @@
 
 `tfps local` and `tfps chaos` both run the cluster through `Orchestrator`:
 a ps or worker that exits is started again at the same address (unless the
-chaos schedule holds it down); a chief that exits with a retryable code
-(>= 128, or killed by a signal) is started again within a restart budget; a
+chaos schedule holds it down; room for a worker that has not joined is left
+empty); a chief that exits with a retryable code (>= 128, or killed by a
+signal) is started again within a restart budget; a
 permanent exit (1, 2) of any task ends the run with that code, as a JobSet's
 pod failure policy would. Every death (`recovery.deaths`: a ps or worker
 that exits, a chief killed by a signal) is an event in the event log, with
@@ -61,8 +62,8 @@ class Orchestrator:
     if self._stop.requested:
       return self._stop_chief()
     for task, handle in self.cluster.tasks.items():
-      if handle is self.chief or handle.alive:
-        continue
+      if handle is self.chief or handle.alive or not handle.starts:
+        continue  # Not started: room for a worker that has not joined.
       self._judge(handle, serves=True)
       if task in self.held:
         continue

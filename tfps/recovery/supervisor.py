@@ -27,6 +27,11 @@ stop with SIGTERM, then restarted on the cluster without it), and a left-out
 worker or ps is taken back the same way once it has answered for a while, so
 no single lost worker can stall training in TF's hour-long wait.
 
+With elastic workers (`SupervisorConfig.min_workers`) the cluster spec lists
+the most workers the job may have: every coordinator starts on those that
+answer, once enough do, and the others join the same way a left-out worker
+comes back.
+
 A SIGTERM/SIGINT to the supervisor is passed to the coordinator, which saves
 and exits; the supervisor then exits 143/130 without restarting. Waiting for
 the cluster has a deadline; past it the supervisor exits 170 so that the
@@ -110,6 +115,7 @@ class ClusterProbes(Protocol):
   """The ps and workers as the supervisor sees them: reachable or not."""
 
   ps_addresses: Mapping[spec_lib.TaskId, str]  # Held to `ps_deadline_seconds`.
+  workers: tuple[spec_lib.TaskId, ...]
 
   def reachable(self) -> set:
     """The ps and workers that answer now (probed every `probe_seconds`)."""
@@ -132,6 +138,10 @@ class SupervisorConfig:
     ps_deadline_seconds: seconds a ps may stay silent, as the supervisor sees
       it, while the coordinator runs; past it the supervisor ends the
       coordinator itself (see the module docstring). None: no such deadline.
+    min_workers: elastic workers: every coordinator starts on the workers
+      that answer, once at least this many do (waiting up to
+      `cluster_wait_seconds`); the others join when they answer (the task
+      watch takes them back). None: every worker is waited for.
   """
 
   policy: policy_lib.RestartPolicy = policy_lib.RestartPolicy()
@@ -139,6 +149,7 @@ class SupervisorConfig:
   stop_grace_seconds: float = settings.DEFAULTS["grace_seconds"]
   probe_seconds: float = 2.0
   ps_deadline_seconds: float | None = None
+  min_workers: int | None = None
 
   def __post_init__(self):
     for field in ("cluster_wait_seconds", "stop_grace_seconds", "probe_seconds"):
@@ -147,6 +158,8 @@ class SupervisorConfig:
     if self.ps_deadline_seconds is not None and not self.ps_deadline_seconds > 0:
       raise errors.UsageError(
           f"ps_deadline_seconds ({self.ps_deadline_seconds}) must be positive or None")
+    if self.min_workers is not None and self.min_workers < 1:
+      raise errors.UsageError(f"min_workers ({self.min_workers}) must be >= 1")
 
 
 class CoordinatorState(str, enum.Enum):
@@ -213,6 +226,10 @@ class Supervisor:
 
   def _run(self) -> SupervisorResult:
     attempt = 0
+    if self._config.min_workers is not None:
+      given_up = self._start_on_answering_workers()
+      if given_up is not None:
+        return given_up
     while True:
       process = self._launcher.start(attempt, frozenset(self.excluded))
       ended = self._wait(process)
@@ -280,6 +297,10 @@ class Supervisor:
     # Every ps that answers is in the new coordinator's cluster (a ps left
     # out before is taken back here), but those the decision leaves out.
     self.excluded = {t for t in self.excluded if t not in ps} | set(decision.leave_out)
+    if self._config.min_workers is not None:
+      given_up = self._start_on_answering_workers()
+      if given_up is not None:
+        return given_up
     try:
       # Left-out workers are not waited for: the watch takes them back.
       self._cluster.wait_until_reachable(self._config.cluster_wait_seconds,
@@ -297,6 +318,50 @@ class Supervisor:
         detail=f"cluster reachable; starting coordinator attempt {attempt + 1}"
                + (f" without {', '.join(without)}" if without else "")))
     return None
+
+  def _start_on_answering_workers(self) -> SupervisorResult | None:
+    """Elastic workers: the next coordinator's workers are those that answer now.
+
+    Waits (saying so once a minute) until `min_workers` answer; past
+    `cluster_wait_seconds` the run ends retryable (170), as any wait for the
+    cluster does. The workers left out join when they answer (task watch).
+    A result when the run ends instead (restarts not filled in).
+    """
+    start = self._clock()
+    deadline, next_note = start + self._config.cluster_wait_seconds, start
+    workers = self._cluster.workers
+    while True:
+      reachable = self._cluster.reachable()
+      silent = task_watch.silent_workers(workers, reachable, self._config.min_workers)
+      if silent is not None:
+        joined = {t for t in self.excluded if t.job == spec_lib.JobType.WORKER} - silent
+        self.excluded = {t for t in self.excluded if t.job != spec_lib.JobType.WORKER} | silent
+        if silent:
+          logging.info("starting on %d of %d workers; %s join when they answer",
+                       len(workers) - len(silent), len(workers),
+                       ", ".join(sorted(map(str, silent))))
+        if joined:
+          logging.info("%s answer again: in the next coordinator's cluster",
+                       ", ".join(sorted(map(str, joined))))
+        return None
+      now = self._clock()
+      if self._stop.requested:
+        return SupervisorResult(errors.exit_code_for_signal(self._stop.signum), 0,
+                                f"stopped by {signal.Signals(self._stop.signum).name} "
+                                "while waiting for workers")
+      answering = sum(1 for w in workers if w in reachable)
+      if now >= deadline:
+        reason = (f"fewer workers than --min_workers={self._config.min_workers} answered for "
+                  f"{self._config.cluster_wait_seconds:.0f}s ({answering} of {len(workers)})")
+        logging.error("%s", reason)
+        self._events.append(events_lib.Event(kind="action", task="chief:0",
+                                             action=Action.GIVE_UP.value, detail=reason))
+        return SupervisorResult(errors.ExitCode.CLUSTER_LOST, 0, reason)
+      if now >= next_note:
+        next_note = now + 60
+        logging.warning("waiting for workers: %d of %d answer, --min_workers=%d",
+                        answering, len(workers), self._config.min_workers)
+      self._stop.wait(self._config.probe_seconds)
 
   def _wait(self, process: subprocess.Popen) -> _Ended:
     """Waits for the coordinator to exit; says how it ended (`_Ended`).

@@ -14,8 +14,9 @@ supervisor probes the workers and ps and feeds what it sees here:
     the caller says taking it back is due (`recovery.readmission`). A ps is
     never GONE here: the coordinator notices a lost ps itself.
 
-The last worker is never excluded (without workers nothing can train; that
-is a cluster loss, handled elsewhere). Nor is any worker judged while none
+A worker is never excluded if fewer than `min_workers` would be left (at
+least one: without workers nothing can train; that is a cluster loss,
+handled elsewhere). Nor is any worker judged while none
 of the ps answers either: then it is the chief that is cut off (a partition
 of the chief, or every ps lost), not the workers, and the coordinator's ps
 deadline (`coordinator.ps_deadline`) handles it; the counting starts afresh
@@ -43,15 +44,19 @@ class TaskWatchConfig:
     ps_readmit_after: seconds reachable before an excluded ps may be taken
       back. Longer than a worker's: a ps that has just come back may go
       again, and taking it back restarts the coordinator.
+    min_workers: the fewest workers the coordinator's cluster may hold.
   """
 
   timeout: float = 60.0
   readmit_after: float = 5.0
   ps_readmit_after: float = 30.0
+  min_workers: int = 1
 
   def __post_init__(self):
     if self.timeout <= 0:
       raise ValueError(f"timeout ({self.timeout}) must be positive")
+    if self.min_workers < 1:
+      raise ValueError(f"min_workers ({self.min_workers}) must be >= 1")
     for name in ("readmit_after", "ps_readmit_after"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name} ({getattr(self, name)}) must be >= 0")
@@ -95,7 +100,19 @@ class TaskWatch:
           and (ps_back_due or task.job != spec_lib.JobType.PS)):
         changes.append((Change.BACK, task))
       elif (task in included and not up and held_for >= self._config.timeout
-            and len(included) > 1):
+            and len(included) > self._config.min_workers):
         changes.append((Change.GONE, task))
         included.remove(task)
     return changes
+
+
+def silent_workers(workers: Iterable[spec_lib.TaskId], reachable: set[spec_lib.TaskId],
+                   min_workers: int) -> frozenset[spec_lib.TaskId] | None:
+  """The workers a coordinator starts without: those that do not answer now.
+
+  They join when they answer (BACK above). None while fewer than
+  `min_workers` answer: then there is nothing to start on yet.
+  """
+  workers = tuple(workers)
+  silent = frozenset(w for w in workers if w not in reachable)
+  return silent if len(workers) - len(silent) >= min_workers else None
