@@ -51,6 +51,17 @@ def test_no_worker_is_left_out_below_min_workers():
   assert w.update({W[0]}, {W[1]}, now=40) == []
 
 
+def test_a_worker_answering_for_the_first_time_joins_at_once_and_one_back_waits():
+  w = watch(readmit_after=3.0)
+  w.update({W[0]}, {W[1], W[2]}, now=0)  # Started on worker 0; 1 and 2 not there yet.
+  assert w.update({W[0], W[1]}, {W[1], W[2]}, now=1) == [(BACK, W[1])]  # Joins.
+  w.update({W[0], W[1]}, {W[2]}, now=2)
+  w.update({W[0]}, {W[2]}, now=3)  # Worker 1 goes...
+  w.update({W[0]}, {W[1], W[2]}, now=20)  # ...is left out...
+  assert w.update({W[0], W[1]}, {W[1], W[2]}, now=21) == []  # ...and must answer steadily.
+  assert w.update({W[0], W[1]}, {W[1], W[2]}, now=24) == [(BACK, W[1])]
+
+
 def test_a_coordinator_starts_on_the_workers_that_answer_once_enough_do():
   assert task_watch.silent_workers(W, {W[0]}, min_workers=2) is None
   assert task_watch.silent_workers(W, {W[0], W[2]}, min_workers=2) == {W[1]}
@@ -101,6 +112,8 @@ def test_an_excluded_ps_waits_for_its_readmission_to_be_due_and_workers_do_not()
   w = task_watch.TaskWatch(W, task_watch.TaskWatchConfig(
       timeout=10.0, readmit_after=3.0, ps_readmit_after=5.0), ps=P)
   everyone = {*W, *P}
+  w.update(everyone, set(), now=-20)
+  w.update(everyone - {P[0], W[1]}, set(), now=-15)  # Both went, and were left out.
   assert w.update(everyone, {P[0], W[1]}, now=0, ps_back_due=False) == []
   # Both have answered long enough: the worker comes back, the ps waits.
   assert w.update(everyone, {P[0], W[1]}, now=10, ps_back_due=False) == [(BACK, W[1])]

@@ -8,7 +8,9 @@ supervisor probes the workers and ps and feeds what it sees here:
   * a worker in the coordinator's cluster that has been unreachable for
     `timeout` seconds is GONE: restart the coordinator without it;
   * an excluded worker that has answered for `readmit_after` seconds in a
-    row is BACK: restart the coordinator with it again;
+    row is BACK: restart the coordinator with it again; one that answers for
+    the first time (a worker joining, `min_workers`) is BACK at once: it has
+    not gone away before, so there is no flapping to wait out;
   * an excluded ps (left out by ps failover, `recovery.policy`) that has
     answered for `ps_readmit_after` seconds in a row is BACK likewise, once
     the caller says taking it back is due (`recovery.readmission`). A ps is
@@ -70,6 +72,8 @@ class TaskWatch:
     self._ps = tuple(sorted(ps))
     # Since when each task has been in its current state (up or down).
     self._since: dict[spec_lib.TaskId, tuple[bool, float]] = {}
+    self._ever_up: set[spec_lib.TaskId] = set()
+    self._first_time_up: set[spec_lib.TaskId] = set()  # Up now, and never before.
 
   @property
   def timeout(self) -> float:
@@ -89,6 +93,12 @@ class TaskWatch:
       up = task in reachable
       if self._since.get(task, (None, 0.0))[0] != up:
         self._since[task] = (up, now)
+        if up and task not in self._ever_up:
+          self._first_time_up.add(task)
+        elif not up:
+          self._first_time_up.discard(task)
+        if up:
+          self._ever_up.add(task)
     changes = []
     included = [w for w in self._workers if w not in excluded]
     for task in self._workers + self._ps:
@@ -96,6 +106,8 @@ class TaskWatch:
       held_for = now - since
       readmit_after = (self._config.ps_readmit_after if task.job == spec_lib.JobType.PS
                        else self._config.readmit_after)
+      if task in self._first_time_up and task.job == spec_lib.JobType.WORKER:
+        readmit_after = 0.0  # Joining.
       if (task in excluded and up and held_for >= readmit_after
           and (ps_back_due or task.job != spec_lib.JobType.PS)):
         changes.append((Change.BACK, task))
