@@ -89,6 +89,20 @@ def _no_crash_in_any_output(request, _temp_root):
 
 
 @pytest.fixture
+def grpc_server():
+  """A bare gRPC server on loopback: it answers the readiness probe as a task does."""
+  import concurrent.futures  # pylint: disable=import-outside-toplevel
+  import grpc  # pylint: disable=import-outside-toplevel
+  import portpicker  # pylint: disable=import-outside-toplevel
+  port = portpicker.pick_unused_port()
+  server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=1))
+  server.add_insecure_port(f"127.0.0.1:{port}")
+  server.start()
+  yield f"127.0.0.1:{port}"
+  server.stop(grace=None).wait(5)
+
+
+@pytest.fixture
 def tfps():
   """Runs `tfps ARGS` to completion (support/tfps_command.py)."""
   return tfps_command.run_tfps

@@ -12,16 +12,6 @@ from tfps.cluster import readiness
 from tfps.cluster import spec as spec_lib
 
 
-@pytest.fixture
-def grpc_server():
-  port = portpicker.pick_unused_port()
-  server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=1))
-  server.add_insecure_port(f"127.0.0.1:{port}")
-  server.start()
-  yield f"127.0.0.1:{port}"
-  server.stop(grace=None).wait(5)
-
-
 def test_all_reachable_returns(grpc_server):
   cluster = spec_lib.ClusterSpec.from_dict({"ps": [grpc_server]})
   readiness.wait_until_reachable(cluster, deadline=60)  # Raises at the deadline otherwise.

@@ -1,9 +1,7 @@
 """Connecting to a cluster: how long the coordinator waits for which task."""
 
-import concurrent.futures
 import time
 
-import grpc
 import portpicker
 import pytest
 
@@ -14,23 +12,13 @@ from tfps.coordinator import strategy as strategy_lib
 pytestmark = pytest.mark.tf
 
 
-@pytest.fixture
-def answering_ps():
-  """A gRPC server where the ps is: it answers the readiness probe."""
-  port = portpicker.pick_unused_port()
-  server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=1))
-  server.add_insecure_port(f"127.0.0.1:{port}")
-  server.start()
-  yield f"127.0.0.1:{port}"
-  server.stop(grace=None).wait(5)
-
-
-def test_elastic_workers_are_waited_for_no_longer_than_their_own_timeout(answering_ps):
+def test_elastic_workers_are_waited_for_no_longer_than_their_own_timeout(grpc_server):
   # A worker that stopped between the supervisor's choice and this start:
   # the coordinator exits retryable after a short wait, not after ready_timeout.
+  # grpc_server (conftest) stands where the ps is: it answers the probe.
   silent = f"127.0.0.1:{portpicker.pick_unused_port()}"
   cluster = spec_lib.ClusterSpec.from_dict({
-      "chief": [f"127.0.0.1:{portpicker.pick_unused_port()}"], "ps": [answering_ps],
+      "chief": [f"127.0.0.1:{portpicker.pick_unused_port()}"], "ps": [grpc_server],
       "worker": [silent]})
   start = time.monotonic()
   with pytest.raises(readiness.ClusterUnreachableError) as raised:

@@ -3,9 +3,10 @@
 Faults (see `chaos.faults`) are SIGKILL, SIGTERM and SIGSTOP/SIGCONT of
 workers, ps and the chief, each target brought back after its delay (or
 never, for a worker), link cuts, and workers that join (`--max_workers`
-leaves room for them) or leave for good. A fault is injected once training reaches its step
-(random schedules place faults by step, so they land while training runs
-on any host), or at its time, counted from the first progress record. A
+leaves room for them) or leave for good. A fault is injected once training
+reaches its step (random schedules place faults by step, so they land while
+training runs on any host), or at its time, counted from the first progress
+record. A
 task taken down by a fault is held down (the orchestrator does not restart
 it) until its delay is over.
 
