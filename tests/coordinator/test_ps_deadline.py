@@ -24,7 +24,7 @@ def _answers(reachable, refused=frozenset()):
               else Answer.SILENT) for t in (PS0, PS1, W0)}
 
 
-def _run_until_overdue(answers, state_lost=None):
+def _run_until_overdue(answers, state_lost=None, interval=0.01):
   """Runs the thread against `answers` (one reachable set, or answers, per probe round)."""
   clock = fakes.FakeClock()
   fired = threading.Event()
@@ -41,7 +41,7 @@ def _run_until_overdue(answers, state_lost=None):
     messages.append(message)
     fired.set()
 
-  with ps_deadline.PsDeadline(CLUSTER, 12, interval=0.01, probe=probe, on_overdue=on_overdue,
+  with ps_deadline.PsDeadline(CLUSTER, 12, interval=interval, probe=probe, on_overdue=on_overdue,
                               clock=clock, state_lost=state_lost):
     assert fired.wait(timeout=10), "the deadline never fired"
   return messages
@@ -79,6 +79,14 @@ def test_a_ps_that_refuses_twice_in_a_row_is_gone_long_before_the_timeout():
   (message,) = _run_until_overdue(rounds)
   assert message.startswith("lost the cluster: ps:1 (10.213.0.4:2222) refused connections "
                             "2 times in a row (its process is gone"), message
+
+
+def test_a_refusal_is_probed_again_at_once_not_after_the_interval():
+  # An hour between rounds: only the first round (at once) and a quick second
+  # one after the refusal can end this within the wait's 10 s.
+  rounds = [_answers({PS0, W0}, refused={PS1})] * 2
+  (message,) = _run_until_overdue(rounds, interval=3600)
+  assert "ps:1 (10.213.0.4:2222) refused connections 2 times in a row" in message
 
 
 def test_a_chief_whose_link_is_down_is_cut_off_not_a_ps_gone():

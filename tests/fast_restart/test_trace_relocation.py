@@ -139,7 +139,8 @@ def _on_a_cluster_of_two_ps(work_dir: str) -> dict:
     stored = closures.write_out_stored()
     source = (tf.constant(1, tf.int64), tf.constant(2, tf.int64))
     out = closures.schedule(Local(), 4, True, source)  # Written out,
-    closures.schedule(Local(), 3, True, source)  # and one of another size.
+    closures.schedule(Local(), 3, True, source)  # and one of another size;
+    closures.concrete("fast")  # the fast-start one traced (or rebuilt), not run.
     traced = sum(f.experimental_get_tracing_count() for f in closures._functions.values())  # pylint: disable=protected-access
     devices = sorted(placed(closures.concrete("full").function_def))
     return {"stored": stored, "traced": traced, "value": float(out["value"].numpy()),
@@ -174,16 +175,18 @@ def _on_a_cluster_of_two_ps(work_dir: str) -> dict:
     coordinator = type("Coordinator", (), {"_cluster": cluster_workers})
     called = []
 
-    def warm_call(cache, variables):
-      call = closures.failover_warm_call(cache, variables)
-      called.append(call[0].name.decode())
-      return call
+    def warm_call(cache, variables, kind, with_other):
+      calls = closures.failover_warm_calls(cache, variables, kind, with_other=with_other)
+      called.append([function.name.decode() for function, _ in calls])
+      return calls
 
     def build_ahead():
       worker_functions._REBUILT.clear()  # pylint: disable=protected-access
-      failover_graphs.FailoverGraphs(warm_call=warm_call, cache=closures.cache,
-                                     variables_root=root, cluster=cluster,
-                                     coordinator=coordinator).start()
+      graphs = failover_graphs.FailoverGraphs(warm_call=warm_call, cache=closures.cache,
+                                              variables_root=root, cluster=cluster,
+                                              coordinator=coordinator)
+      graphs.start("fast")  # A young run's loops: the fast-start closure,
+      graphs.start("full")  # then the written-out one.
 
     build_ahead()
     record = os.path.join(work_dir, failover_graphs.RECORD)
@@ -197,7 +200,8 @@ def _on_a_cluster_of_two_ps(work_dir: str) -> dict:
         cache=trace_cache.TraceCache(work_dir, {"experiment": "relocation", "num_ps": 1}
                                      ).in_cluster(view.as_dict()),
         variables_root=tf.train.Checkpoint(trainer=one))
-    return {"called": called, "failover": after.concrete("full").name.decode(),
+    return {"called": called,
+            "failover": [after.concrete(kind).name.decode() for kind in ("fast", "other", "full")],
             "held": held, "steps": int(trainer.steps.numpy()), "row": trainer.row.numpy().tolist()}
 
   on_both = run(Trainer(PS0, PS1), num_ps=2)
@@ -245,9 +249,13 @@ def test_a_failover_coordinator_runs_the_closures_traced_on_both_ps_moved_to_one
   # Built ahead once (the second coordinator found the worker recorded), under the
   # name the failover coordinator's closure has, and nothing trained meanwhile.
   ahead = seen["ahead"]
-  assert len(ahead["called"]) == 1, ahead
-  assert ahead["called"][0].rsplit("_", 1)[0] == ahead["failover"].rsplit("_", 1)[0]
-  assert [held for held in ahead["held"].values()] == [[seen["worker"]]]
+  # Each kind (the closure for other sizes with the first), under the names the
+  # failover coordinator's closures have, less TensorFlow's counter: the workers'
+  # graph cache keys (ps_worker.graph_cache).
+  key = lambda name: name.rsplit("_", 1)[0]
+  fast, other, full = map(key, ahead["failover"])
+  assert [list(map(key, names)) for names in ahead["called"]] == [[fast, other], [full]], ahead
+  assert list(ahead["held"].values()) == [[seen["worker"]]] * 2
   assert ahead["steps"] == 0 and ahead["row"] == [0.0, 0.0, 0.0]
 
 if __name__ == "__main__":

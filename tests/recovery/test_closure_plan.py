@@ -203,6 +203,18 @@ def test_a_new_coordinator_starts_from_the_runs_recent_speed():
   assert closure_plan.recent_step_seconds(records, 2) == pytest.approx(0.2)  # ...0.2 s each.
 
 
+def test_a_loop_that_built_graphs_ahead_is_not_a_step_time():
+  # A young run: its only timed loop also had the workers optimize failover graphs
+  # (5 s). A coordinator started after it knows no step time (full-size closures,
+  # the stored traces' size), rather than one that shrinks its closures.
+  P = progress_log.Progress
+  young = [P(step=0, time=0.0, restored=True), P(step=200, time=15.0),
+           P(step=400, time=20.0, warming=True)]
+  assert closure_plan.recent_step_seconds(young, 2) is None
+  later = young + [P(step=600, time=21.0), P(step=800, time=22.0)]
+  assert closure_plan.recent_step_seconds(later, 2) == pytest.approx(0.01)
+
+
 def test_calibration_tells_a_closures_own_time_from_its_steps():
   # One step each: 0.08 s; four steps each: 0.20 s. So 0.04 s a step, 0.04 s a closure.
   step, overhead = closure_plan.calibrated(0.08, 4, 0.20)

@@ -18,10 +18,15 @@ def test_progress_log_reads_incrementally_and_skips_a_partial_line(tmp_path):
   assert reader.read_new() == [progress_lib.Progress(300, 3.0)]
 
 
-def test_a_looped_loop_is_marked_in_the_progress_log(tmp_path):
+def test_looped_and_warming_loops_are_marked_in_the_progress_log(tmp_path):
   log = progress_lib.ProgressLog(str(tmp_path))
   log.append(0, restored=True, now=1.0)
   log.append(200, looped=True, now=2.0)
-  log.append(400, now=3.0)
-  assert [r.looped for r in log.read_new()] == [False, True, False]
-  assert '"looped"' not in (tmp_path / progress_lib.FILE_NAME).read_text().splitlines()[2]
+  log.append(400, warming=True, now=3.0)
+  log.append(600, now=4.0)
+  records = log.read_new()
+  assert [(r.looped, r.warming) for r in records] == [(False, False), (True, False),
+                                                      (False, True), (False, False)]
+  assert [loop.warming for _, loops in progress_lib.loops_by_coordinator(records)
+          for loop in loops] == [True, False]
+  assert '"looped"' not in (tmp_path / progress_lib.FILE_NAME).read_text().splitlines()[3]

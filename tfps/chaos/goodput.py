@@ -81,7 +81,7 @@ def measure(records: Sequence[progress_lib.Progress]) -> Goodput:
   if not records or not loops:
     return Goodput(kept_steps=0, wall_seconds=0.0, fault_free_steps_per_sec=0.0)
   timed = [loop for _, of_one in progress_lib.loops_by_coordinator(records) for loop in of_one]
-  steady = [loop for loop in timed if not loop.looped]
+  steady = [loop for loop in timed if not loop.looped and not loop.warming]
   return Goodput(kept_steps=loops[-1].step - records[0].step,
                  wall_seconds=loops[-1].time - records[0].time,
                  fault_free_steps_per_sec=throughput(steady or timed))

@@ -79,6 +79,10 @@ flags.DEFINE_string("graph_cache_dir", None,
                     "worker: where it keeps the function graphs TensorFlow optimized for it, "
                     "for the next coordinator (default: <temp dir>/tfps-graph-cache; for "
                     "tfps local, a scratch directory of the cluster's; '' turns it off).")
+flags.DEFINE_bool("tf_runtime_only", True,
+                  "ps/worker: load TensorFlow's runtime without its Python API (~1 s instead of "
+                  "~8 s of CPU a start); --notf_runtime_only imports all of TensorFlow, for ops "
+                  "a library registers from Python.")
 flags.DEFINE_bool("preemption_notice", True,
                   "ps/worker: on SIGTERM, warn the chief and wait (within the grace) for its save.")
 flags.DEFINE_bool("supervise", True,
@@ -168,7 +172,8 @@ _section("k8s")
 # The flags each command reads; `tfps CMD --help` lists these only.
 _HOST_ONLY = {"cluster_spec", "job_name", "task_index", "ps_hosts", "worker_hosts",
               "chief_host", "cluster_from", "task_port", "inter_op_threads", "intra_op_threads",
-              "thread_spinning", "graph_cache_dir", "preemption_notice", "supervise",
+              "thread_spinning", "graph_cache_dir", "tf_runtime_only", "preemption_notice",
+              "supervise",
               "exclude_tasks", "run_spec", "result_file"}
 _CHIEF = [f for f in _sections["cluster"] if f not in _HOST_ONLY] + _sections["training"]
 COMMAND_FLAGS = {

@@ -57,7 +57,8 @@ def run(flags) -> errors.ExitCode:
           inter_op_threads=flags.inter_op_threads, intra_op_threads=flags.intra_op_threads,
           thread_spinning=flags.thread_spinning, grace_seconds=flags.grace_seconds,
           control_address=_control_address(config) if flags.preemption_notice else None,
-          graph_cache_root=graph_cache_root(flags.graph_cache_dir)))
+          graph_cache_root=graph_cache_root(flags.graph_cache_dir),
+          tf_runtime_only=flags.tf_runtime_only))
       stderr_filter.close()
       # A running TF server cannot be destroyed cleanly; leave without
       # running its destructors.

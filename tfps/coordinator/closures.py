@@ -229,13 +229,23 @@ class TrainClosures:
   def cache(self) -> trace_cache_lib.TraceCache | None:
     return self._cache
 
-  def failover_warm_call(self, cache: trace_cache_lib.TraceCache,
-                         variables) -> warm_up.Call | None:
-    """The written-out closure as a coordinator of `cache`'s key and cluster rebuilds
-    it from its stored trace, bound to `variables` (stand-ins: `failover_graphs`),
-    called to run no step; None if no stored trace fits."""
-    function = cache.load(Kind.FULL, _SPECS[Kind.FULL], None, variables=variables)
-    return None if function is None else (function, _skip())
+  def failover_warm_calls(self, cache: trace_cache_lib.TraceCache, variables,
+                          kind: "ClosureKind | str" = Kind.FULL, *,
+                          with_other: bool = True) -> list[warm_up.Call] | None:
+    """The full-size closure of `kind` (written out or fast-start), and (`with_other`)
+    the one for other sizes if stored, as a coordinator of `cache`'s key and cluster
+    rebuilds them from their stored traces, bound to `variables` (stand-ins:
+    `failover_graphs`), called to run no step; None if no stored trace of `kind` fits.
+    (A second rebuild of one trace in a process gets another name: ask for each once.)"""
+    skip = _skip()
+    function = cache.load(self._kind(kind), _SPECS[self._kind(kind)], None, variables=variables)
+    if function is None:
+      return None
+    calls = [(function, skip)]
+    other = with_other and cache.load(Kind.OTHER, _SPECS[Kind.OTHER], None, variables=variables)
+    if other:
+      calls.append((other, (skip[0], tf.constant(1, tf.int32), *skip[1:])))
+    return calls
 
 
 def _skip() -> tuple[tf.Tensor, ...]:

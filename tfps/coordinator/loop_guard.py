@@ -95,7 +95,8 @@ class LoopGuard:
       chunks = [c.as_list() for c in loop_input.chunks] if loop_input.chunks else None
       reexecuted = loop_input.reexecuted
     self._progress.append(step, chunks=chunks, reexecuted=reexecuted or 0,
-                          looped=loop_input is not None and loop_input.looped)
+                          looped=loop_input is not None and loop_input.looped,
+                          warming=loop_input is not None and loop_input.warming)
     if ledger is not None and ledger.epochs_completed > self._epochs_logged:
       self._epochs_logged = ledger.epochs_completed
       self._events.append(events_lib.Event(

@@ -12,7 +12,7 @@ virtual hosts: docs/partitions.md). Training would stall without a word.
 
 `PsDeadline` is a thread that probes every ps (and, to say what happened,
 every worker) on gRPC from the chief's own network, every `interval`
-seconds. A ps is lost when it has not answered for `timeout` seconds in a
+seconds (the next round after `RECHECK_SECONDS` when a task refused). A ps is lost when it has not answered for `timeout` seconds in a
 row (silent: partitioned or hung), when it refused connections in
 `refusals` rounds in a row (its process is gone: `recovery.overdue`), or
 when it answers but no longer holds its sentinel variable (it came back
@@ -44,6 +44,10 @@ from tfps.recovery import policy
 # One probe round waits this long per task (in parallel); rounds repeat at
 # `interval`. A busy but live ps answers a channel handshake well within it.
 _PROBE_SECONDS = 2.0
+# After a round in which a task refused, the next comes this soon instead:
+# one refusal is a blip until the next round says otherwise, and a ps kill
+# is then a loss ~0.2 s after the first refusal instead of a whole interval.
+RECHECK_SECONDS = 0.2
 
 
 def _exit_lost(message: str) -> None:
@@ -94,7 +98,8 @@ class PsDeadline:
     self._thread.join(timeout=_PROBE_SECONDS + self._interval + 1)
 
   def _run(self) -> None:
-    while not self._stopped.wait(self._interval):
+    wait = 0.0  # The first round at once: a ps lost during the start is seen as early.
+    while not self._stopped.wait(wait):
       answers = self._probe(self._ps + self._workers)
       if self._stopped.is_set():
         return  # The run ended while we probed: nothing to judge.
@@ -103,8 +108,9 @@ class PsDeadline:
       if overdue:
         self._on_overdue(self._message(overdue, reachable))
         return
-      gone = self._refusals.update({t for t, a in answers.items()
-                                    if a == readiness.Answer.REFUSED})
+      refused = {t for t, a in answers.items() if a == readiness.Answer.REFUSED}
+      gone = self._refusals.update(refused)
+      wait = min(self._interval, RECHECK_SECONDS) if refused else self._interval
       if gone:
         names = ", ".join(f"{t} ({self._cluster.address(t)})" for t in gone)
         # A chief whose own link is down gets every connection refused at

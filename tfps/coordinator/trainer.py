@@ -108,6 +108,7 @@ class _Loop:
   scheduled: list = dataclasses.field(default_factory=list)  # (size, remote value).
   chunks: list = dataclasses.field(default_factory=list)  # Positioned input's.
   cut_short: bool = False  # An interrupt is pending: no more closures.
+  warming: bool = False  # The workers build failover graphs before its closures.
 
   def __post_init__(self):
     if self.left < 0:
@@ -120,11 +121,14 @@ class LoopInput:
 
   `looped`: its full-size closures were the fast-start ones (`closure_plan`):
   a slower loop than the run's fault-free speed (`chaos.goodput`).
+  `warming`: the workers also built failover graphs in it: its time is not
+  its steps' (`closure_plan.recent_step_seconds`).
   """
 
   chunks: tuple[ledger_lib.Chunk, ...] = ()
   reexecuted: int = 0
   looped: bool = False
+  warming: bool = False
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -233,6 +237,7 @@ class PSTrainer(orbit.StandardTrainer):
     self._closures: closures_lib.TrainClosures | None = None  # Made with the loop.
     self._failover: failover_graphs_lib.FailoverGraphs | None = None  # Made with the loop.
     self._written_out_loops = 0
+    self._fast_loops = 0  # Loops with the fast-start closure (positioned input).
     self._loop_slack = options.loop_slack
     self.full_closure_ready = threading.Event()  # Full-size closures are written out.
     self._warm: closures_lib.WarmClosures | None = None  # Positioned input, once looping.
@@ -359,7 +364,7 @@ class PSTrainer(orbit.StandardTrainer):
     if cache is not None and self._failover_graphs and failover_graphs_lib.failover_view(
         self._runtime.cluster) is not None:
       self._failover = failover_graphs_lib.FailoverGraphs(
-          warm_call=closures.failover_warm_call, cache=cache, variables_root=variables_root,
+          warm_call=closures.failover_warm_calls, cache=cache, variables_root=variables_root,
           cluster=self._runtime.cluster, coordinator=self._runtime.coordinator)
     looped_seconds, costs = self._looped_seconds, closure_plan.MEASURED
     if self._looped_seconds_stored is not None and closures.write_out_stored():
@@ -395,13 +400,16 @@ class PSTrainer(orbit.StandardTrainer):
       most = self._closure_steps(self._full_size)
       self._schedule(iterator, loop, plan_closures(loop.left, most, self._runtime.num_workers),
                      slack=True)
-      if (loop.written_out and self._written_out_loops and not loop.cut_short
-          and self._failover is not None):
-        # Once, from the second written-out loop: the first (maybe the coordinator's
+      if self._failover is not None and not loop.cut_short and (
+          self._written_out_loops if loop.written_out else self._fast_loops):
+        # Once per kind, from its second loop: the first (maybe the coordinator's
         # first) is not kept waiting, nor a save. Here, the workers train meanwhile.
-        self._failover.start()
+        loop.warming = self._failover.start(closures_lib.Kind.FULL if loop.written_out
+                                            else closures_lib.Kind.FAST)
       self._runtime.coordinator.join()
-    if not fresh:  # A loop that instantiated its closures says nothing of the steps.
+    # A loop that instantiated its closures, or built failover graphs, says nothing
+    # of the steps.
+    if not fresh and not loop.warming:
       measured = closure_plan.worker_step_seconds(
           time.monotonic() - began, sum(size for size, _ in loop.scheduled[before:]),
           len(loop.scheduled) - before, self._runtime.num_workers, self.closure_overhead)
@@ -478,9 +486,10 @@ class PSTrainer(orbit.StandardTrainer):
     """After join: steps counted once, the loop's record, its step logs, warm closures."""
     scheduled_steps = sum(size for size, _ in loop.scheduled)
     self._written_out_loops += loop.written_out
+    self._fast_loops += not loop.written_out
     reexecuted = self._count_each_step_once(loop.start_step, scheduled_steps)
     self.last_loop = LoopInput(chunks=tuple(loop.chunks), reexecuted=reexecuted,
-                               looped=not loop.written_out)
+                               looped=not loop.written_out, warming=loop.warming)
     # After join() every closure has its result; fetching is one small
     # read per closure (a few per loop), not per step.
     self._loop_logs = step_logs.loop_means(

@@ -1,14 +1,17 @@
-"""Workers hold the graph a ps failover will run, before any ps is lost.
+"""Workers hold the graphs a ps failover will run, before any ps is lost.
 
 A ps failover restarts the coordinator on the ps that answer, and its
-written-out closure is a graph the workers have not placed before: each op of
-a variable now on the one ps left. Each worker optimizes it afresh while
+closures are graphs the workers have not placed before: each op of a
+variable now on the one ps left. Each worker optimizes them afresh while
 training waits: most of what the first failover onto that cluster costs
-(docs/recovery.md "Failover graphs built ahead"). (The worker's graph cache, `ps_worker.graph_cache`, keeps it
-for later ones.)
+(docs/recovery.md "Failover graphs built ahead"). (The worker's graph cache,
+`ps_worker.graph_cache`, keeps them for later ones.)
 
-So a coordinator of 2 ps, once it trains with its written-out closure, has
-each worker optimize that graph ahead of need: the closure rebuilt from its
+So a coordinator of 2 ps, from its second loop of each kind of full-size
+closure (`start(kind)`: the fast-start closure early in a run, which a
+failover coordinator of a young run starts with too; the written-out one
+after), has each worker optimize that kind's graph, and the one for other
+sizes, ahead of need: each closure rebuilt from its
 stored trace as the failover coordinator will rebuild it (its ps ops moved to
 ps:0, named for the failover cluster's shape, which is the same whichever ps
 is lost: `worker_functions.placement`), bound to stand-in variable handles
@@ -147,30 +150,38 @@ class FailoverGraphs:
 
   def __init__(self, *, warm_call: Callable[..., Any], cache: trace_cache_lib.TraceCache,
                variables_root: Any, cluster: spec_lib.ClusterSpec, coordinator: Any):
-    """`warm_call(cache, variables)`: the written-out closure for `cache`'s cluster bound
-    to `variables`, called to run nothing (`closures.TrainClosures.failover_warm_call`)."""
+    """`warm_call(cache, variables, kind, with_other=...)`: the full-size closure of
+    `kind` (and, `with_other`, the one for other sizes) for `cache`'s cluster bound to
+    `variables`, called to run nothing (`closures.TrainClosures.failover_warm_calls`);
+    None if no stored trace fits."""
     self._warm_call = warm_call
     self._cache, self._root = cache, variables_root
     self._cluster, self._coordinator = cluster, coordinator
-    self._started = False
-    self._resources = None  # Kept: TF forgets a per-worker resource nobody holds.
+    self._started: set[str] = set()
+    self._resources = {}  # Kept: TF forgets a per-worker resource nobody holds.
+    self._other_asked = False  # The closure for other sizes rides with the first kind asked.
 
-  def start(self) -> None:
-    """Asks each worker that does not hold the graph yet, before its next closure.
+  def start(self, kind: str = "full") -> bool:
+    """Asks each worker that does not hold `kind`'s graphs yet, before its next closure;
+    whether any was asked (the loop then waits for their optimization).
 
+    `kind`: the full-size closure's ("full": written out; "fast": fast-start).
     Building ahead is an optimization: whatever fails is logged in one line
     and training goes on (a failover then optimizes the graph, as without).
     """
-    if self._started:
-      return
-    self._started = True
+    kind = str(kind)
+    if kind in self._started:
+      return False
+    self._started.add(kind)
     try:
-      self._resources = self._start()
+      self._resources[kind] = self._start(kind)
     except Exception as e:  # pylint: disable=broad-except
-      logging.warning("failover graphs: not built ahead (%s: %s)", type(e).__name__,
-                      messages.one_line(e))
+      logging.warning("failover graphs: the %s closures not built ahead (%s: %s)", kind,
+                      type(e).__name__, messages.one_line(e))
+      return False
+    return self._resources[kind] is not None
 
-  def _start(self):
+  def _start(self, kind: str):
     view = failover_view(self._cluster)
     if view is None:
       return None
@@ -182,7 +193,7 @@ class FailoverGraphs:
       return None
     cache = self._cache.in_cluster(view.as_dict()).extended(
         num_ps=view.num_tasks(spec_lib.JobType.PS))
-    graph = cache.rebuilt_tag("full", variables)  # The written-out closure's trace.
+    graph = cache.rebuilt_tag(kind, variables)  # That closure's trace.
     if graph is None:
       return None  # No stored trace fits: the failover coordinator traces too.
     record = Record(os.path.join(self._cache.directory, RECORD))
@@ -191,11 +202,12 @@ class FailoverGraphs:
     asked = to_ask(record.read(), key, workers)
     if not asked:
       return None
-    call = self._warm_call(cache, variables)
-    if call is None:
+    calls = self._warm_call(cache, variables, kind, with_other=not self._other_asked)
+    if not calls:
       return None
-    logging.info("failover graphs: %d worker(s) optimize the written-out closure for the "
-                 "cluster a ps failover would leave, ahead of need", len(asked))
-    return warm_up.warm_once(self._coordinator, [call], sorted(asked),
+    self._other_asked = self._other_asked or len(calls) > 1
+    logging.info("failover graphs: %d worker(s) optimize the %s closures for the cluster a "
+                 "ps failover would leave, ahead of need", len(asked), kind)
+    return warm_up.warm_once(self._coordinator, calls, sorted(asked),
                              done=lambda index: record.add(key, asked[index]),
-                             what="the failover cluster's written-out closure")
+                             what=f"the failover cluster's {kind} closures")

@@ -1,6 +1,7 @@
 """The long-running side of a ps or worker task.
 
-`serve` starts a `tf.distribute.Server` for this task and blocks until the
+`serve` starts a `tf.distribute.Server` for this task (loading TensorFlow's
+runtime only, `tf_runtime`) and blocks until the
 process is asked to stop (SIGTERM or SIGINT), then returns the exit code the
 orchestrator should see: 143 for SIGTERM (preempted: restart me), 130 for
 SIGINT. On SIGTERM it first warns the chief over the control channel and
@@ -26,6 +27,7 @@ from absl import logging
 from tfps.cluster import server_threads
 from tfps.cluster import spec as spec_lib
 from tfps.ps_worker import graph_cache
+from tfps.ps_worker import tf_runtime
 from tfps.recovery import notices
 from tfps.base import errors
 from tfps.base.signals import StopSignals
@@ -55,6 +57,8 @@ class ServerOptions:
     graph_cache_root: a worker keeps the function graphs TensorFlow optimized
       for it in a directory of its own under this one, for the next
       coordinator (`graph_cache`); None: it does not.
+    tf_runtime_only: load TensorFlow's runtime without its Python API
+      (`tf_runtime`); False: `import tensorflow`.
   """
 
   inter_op_threads: int | None = None
@@ -63,6 +67,7 @@ class ServerOptions:
   grace_seconds: float = 15.0
   control_address: str | None = None
   graph_cache_root: str | None = None
+  tf_runtime_only: bool = True
 
   def __post_init__(self):
     for name in ("inter_op_threads", "intra_op_threads"):
@@ -85,13 +90,14 @@ def _server_cluster(cluster: spec_lib.ClusterSpec) -> dict[str, list[str]]:
 
 
 def session_config_for(job: spec_lib.JobType, cluster: spec_lib.ClusterSpec,
-                       options: ServerOptions, tf):
-  """The server's ConfigProto: thread pools sized for a shared, small machine."""
+                       options: ServerOptions, config_proto):
+  """The server's ConfigProto (of class `config_proto`): thread pools sized for a
+  shared, small machine."""
   threads = options.inter_op_threads or server_threads.inter_op_threads(
       cluster.num_tasks(spec_lib.JobType.WORKER))
   intra = options.intra_op_threads or (1 if job == spec_lib.JobType.PS else 0)  # 0: TF's.
-  session_config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=threads,
-                                            intra_op_parallelism_threads=intra)
+  session_config = config_proto(inter_op_parallelism_threads=threads,
+                                intra_op_parallelism_threads=intra)
   session_config.experimental.disable_thread_spinning = not options.thread_spinning
   return session_config
 
@@ -101,23 +107,23 @@ def serve(config: spec_lib.TaskConfig, stop: StopSignals,
   """Serves this ps/worker task until a stop signal; returns the exit code."""
   if config.task.job not in (spec_lib.JobType.PS, spec_lib.JobType.WORKER):
     raise errors.UsageError(f"task.type: {config.task.job.value!r} is not a ps or worker role")
-  import tensorflow as tf  # Late: start-up cost and log noise only for servers.
-
-  session_config = session_config_for(config.task.job, config.cluster, options, tf)
+  # Late: start-up cost and log noise only for servers.
+  runtime = tf_runtime.load(options.tf_runtime_only)
+  session_config = session_config_for(config.task.job, config.cluster, options,
+                                      runtime.ConfigProto)
   cache = None
   if options.graph_cache_root and config.task.job == spec_lib.JobType.WORKER:
     cache = graph_cache.task_directory(
         options.graph_cache_root, config.task, config.address,
-        session_config.SerializeToString(deterministic=True), tf.__version__)
+        session_config.SerializeToString(deterministic=True), runtime.version)
     cache = cache if graph_cache.enable(cache) else None
   if stop.requested:  # Told to stop while TF was importing: do not start.
     return errors.exit_code_for_signal(stop.signum)
   try:
-    tf.distribute.Server(
-        tf.train.ClusterSpec(_server_cluster(config.cluster)),
-        job_name=config.task.job.value, task_index=config.task.index,
-        protocol="grpc", config=session_config, start=True)
-  except tf.errors.OpError as e:
+    runtime.Server(runtime.ClusterSpec(_server_cluster(config.cluster)),
+                   job_name=config.task.job.value, task_index=config.task.index,
+                   protocol="grpc", config=session_config, start=True)
+  except runtime.OpError as e:
     port = int(config.address.rpartition(":")[2])
     if not port_in_use(port):
       raise

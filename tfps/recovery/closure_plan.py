@@ -187,14 +187,20 @@ def write_out_pays(seconds_left: float | None, costs: SwitchCosts = MEASURED) ->
   return seconds_left is None or seconds_left >= costs.break_even_seconds
 
 
+def _recent_loops(records: Sequence[progress_log.Progress]) -> list[progress_log.Loop]:
+  """The run's latest `RECENT_LOOPS` timed loops, less those in which the workers also
+  built graphs ahead (their time says nothing of the steps)."""
+  return [loop for _, of_one in progress_log.loops_by_coordinator(records)
+          for loop in of_one if not loop.warming][-RECENT_LOOPS:]
+
+
 def remaining_seconds(records: Sequence[progress_log.Progress],
                       train_steps: int | None) -> float | None:
   """Seconds of training left to `train_steps` from the run's last record, at the
   median speed of its latest `RECENT_LOOPS` loops; None without a target or a loop."""
   if not train_steps or not records:
     return None
-  loops = [loop for _, of_one in progress_log.loops_by_coordinator(records)
-           for loop in of_one][-RECENT_LOOPS:]
+  loops = _recent_loops(records)
   if not loops:
     return None
   speed = statistics.median(loop.steps_per_sec for loop in loops)
@@ -296,8 +302,7 @@ def recent_step_seconds(records: Sequence[progress_log.Progress], num_workers: i
                         ) -> float | None:
   """A worker's seconds per step from the run's latest loops (median of `RECENT_LOOPS`),
   for a coordinator that has run no loop yet; None before any loop."""
-  loops = [loop for _, of_one in progress_log.loops_by_coordinator(records)
-           for loop in of_one][-RECENT_LOOPS:]
+  loops = _recent_loops(records)
   if not loops:
     return None
   return max(1, num_workers) / statistics.median(loop.steps_per_sec for loop in loops)

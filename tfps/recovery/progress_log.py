@@ -4,7 +4,8 @@ The chief appends `{"step": N, "time": T}` to `model_dir/progress.jsonl`
 after every Orbit loop, and `{"step": N, "time": T, "restored": true}` when a
 coordinator starts from a checkpoint at step N; `"looped": true` marks a
 loop run with the slower looped closure of a fast start (see
-`coordinator.trainer`). With positioned input a
+`coordinator.trainer`), and `"warming": true` one in which the workers also
+built graphs ahead of need (its time is not its steps'). With positioned input a
 loop's record also lists the chunks it trained and the steps retries
 re-executed, and a `restored` record the shards' lengths: enough for
 `recovery.coverage` to account for every batch of the input. `tfps chaos` and `tfps bench`
@@ -40,6 +41,9 @@ class Progress:
   # The loop ran the looped closure (a coordinator's fast start): slower than
   # the run's fault-free speed, so not counted in it (chaos.goodput).
   looped: bool = False
+  # The workers also built graphs ahead of need in this loop (failover graphs):
+  # its time says nothing of a step's (closure_plan, chaos.goodput).
+  warming: bool = False
   # On a `restored` record: the workers and ps this coordinator runs without
   # (the supervisor left them out): a fault on one of them does not touch it.
   left_out: tuple[str, ...] = ()
@@ -55,6 +59,7 @@ class Loop:
   steps_per_sec: float
   seconds: float
   looped: bool
+  warming: bool = False
 
 
 class CoordinatorLoops:
@@ -78,7 +83,8 @@ class CoordinatorLoops:
             and record.step > previous.step):
         seconds = record.time - previous.time
         self.coordinators[-1][1].append(
-            Loop((record.step - previous.step) / seconds, seconds, record.looped))
+            Loop((record.step - previous.step) / seconds, seconds, record.looped,
+                 record.warming))
       self._previous = record
     return self
 
@@ -95,7 +101,8 @@ class ProgressLog:
 
   def append(self, step: int, *, restored: bool = False, now: float | None = None,
              chunks=None, reexecuted: int = 0, shard_lengths=None,
-             looped: bool = False, left_out=(), pid: int | None = None) -> None:
+             looped: bool = False, warming: bool = False, left_out=(),
+             pid: int | None = None) -> None:
     record = {"step": int(step), "time": time.time() if now is None else now}
     if restored:
       record["restored"] = True
@@ -107,6 +114,8 @@ class ProgressLog:
       record["shard_lengths"] = [int(n) for n in shard_lengths]
     if looped:
       record["looped"] = True
+    if warming:
+      record["warming"] = True
     if left_out:
       record["left_out"] = sorted(map(str, left_out))
     if pid is not None:
