@@ -196,9 +196,10 @@ def first_run(model_dir):
 @pytest.fixture(scope="module")
 def resumed_run(model_dir, first_run):
   assert first_run.code == 0, first_run.stderr[-3000:]
-  # Closures of 10 steps: less to trace (the first run has the default).
+  # Closures of 10 steps: less to trace (the first run has the default); no warm
+  # standby (nothing restarts this coordinator; the first run has one).
   return _run_local(model_dir, LOCAL_FLAGS + [f"--train_steps={RESUMED_STEPS}",
-                                              "--steps_per_closure=10"])
+                                              "--steps_per_closure=10", "--nowarm_standby"])
 
 
 def _check_finished(run: LocalRun, model_dir: str, train_steps: int) -> dict:
