@@ -201,7 +201,8 @@ def _on_a_cluster_of_two_ps(work_dir: str) -> dict:
                                      ).in_cluster(view.as_dict()),
         variables_root=tf.train.Checkpoint(trainer=one))
     return {"called": called,
-            "failover": [after.concrete(kind).name.decode() for kind in ("fast", "other", "full")],
+            "failover": [after.concrete(kind).name.decode()
+                         for kind in ("fast", "other", "full")],
             "held": held, "steps": int(trainer.steps.numpy()), "row": trainer.row.numpy().tolist()}
 
   on_both = run(Trainer(PS0, PS1), num_ps=2)

@@ -15,6 +15,7 @@ from tests.support import tfps_command
 
 pytestmark = pytest.mark.tf
 
+CONFIG_PROTO = tf.compat.v1.ConfigProto  # What a server's session config is made of.
 CLUSTER = spec_lib.ClusterSpec.from_dict({
     "chief": ["localhost:1001"], "ps": ["localhost:1002"],
     "worker": ["localhost:1003", "localhost:1004"]})
@@ -22,8 +23,8 @@ CLUSTER = spec_lib.ClusterSpec.from_dict({
 
 def test_ps_gets_one_intra_op_thread_and_nobody_spins():
   options = server.ServerOptions()
-  ps = server.session_config_for(spec_lib.JobType.PS, CLUSTER, options, tf.compat.v1.ConfigProto)
-  worker = server.session_config_for(spec_lib.JobType.WORKER, CLUSTER, options, tf.compat.v1.ConfigProto)
+  ps = server.session_config_for(spec_lib.JobType.PS, CLUSTER, options, CONFIG_PROTO)
+  worker = server.session_config_for(spec_lib.JobType.WORKER, CLUSTER, options, CONFIG_PROTO)
   assert ps.intra_op_parallelism_threads == 1
   assert worker.intra_op_parallelism_threads == 0  # TF's default: one per core.
   assert ps.inter_op_parallelism_threads == worker.inter_op_parallelism_threads == 3
@@ -32,7 +33,7 @@ def test_ps_gets_one_intra_op_thread_and_nobody_spins():
 
 def test_explicit_thread_settings_win():
   options = server.ServerOptions(inter_op_threads=8, intra_op_threads=4, thread_spinning=True)
-  ps = server.session_config_for(spec_lib.JobType.PS, CLUSTER, options, tf.compat.v1.ConfigProto)
+  ps = server.session_config_for(spec_lib.JobType.PS, CLUSTER, options, CONFIG_PROTO)
   assert (ps.inter_op_parallelism_threads, ps.intra_op_parallelism_threads) == (8, 4)
   assert not ps.experimental.disable_thread_spinning
 

@@ -40,7 +40,8 @@ except runtime.OpError as e:
   taken = type(e).__name__
 print(json.dumps({"api_loaded": runtime.api_loaded, "version": runtime.version,
                   "answered": [a.name for a in answer.values()], "api": api, "taken": taken,
-                  "keras": sorted(m for m in sys.modules if m.split(".")[0] in ("keras", "tf_keras"))}))
+                  "keras": sorted(m for m in sys.modules
+                                  if m.split(".")[0] in ("keras", "tf_keras"))}))
 """
 
 

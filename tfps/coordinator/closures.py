@@ -237,14 +237,15 @@ class TrainClosures:
     rebuilds them from their stored traces, bound to `variables` (stand-ins:
     `failover_graphs`), called to run no step; None if no stored trace of `kind` fits.
     (A second rebuild of one trace in a process gets another name: ask for each once.)"""
-    skip = _skip()
-    function = cache.load(self._kind(kind), _SPECS[self._kind(kind)], None, variables=variables)
+    kind, skip = self._kind(kind), _skip()
+    function = cache.load(kind, _SPECS[kind], None, variables=variables)
     if function is None:
       return None
     calls = [(function, skip)]
-    other = with_other and cache.load(Kind.OTHER, _SPECS[Kind.OTHER], None, variables=variables)
-    if other:
-      calls.append((other, (skip[0], tf.constant(1, tf.int32), *skip[1:])))
+    if with_other:
+      other = cache.load(Kind.OTHER, _SPECS[Kind.OTHER], None, variables=variables)
+      if other is not None:
+        calls.append((other, (skip[0], tf.constant(1, tf.int32), *skip[1:])))
     return calls
 
 

@@ -12,8 +12,9 @@ virtual hosts: docs/partitions.md). Training would stall without a word.
 
 `PsDeadline` is a thread that probes every ps (and, to say what happened,
 every worker) on gRPC from the chief's own network, every `interval`
-seconds (the next round after `RECHECK_SECONDS` when a task refused). A ps is lost when it has not answered for `timeout` seconds in a
-row (silent: partitioned or hung), when it refused connections in
+seconds (the next round after `RECHECK_SECONDS` when a task refused). A ps
+is lost when it has not answered for `timeout` seconds in a row (silent:
+partitioned or hung), when it refused connections in
 `refusals` rounds in a row (its process is gone: `recovery.overdue`), or
 when it answers but no longer holds its sentinel variable (it came back
 empty: `state_lost`). Then: one line on stderr and in the exit report

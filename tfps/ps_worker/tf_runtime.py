@@ -69,7 +69,8 @@ def _runtime_only() -> Runtime:
     spec = importlib.util.find_spec(_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
       raise ImportError("tensorflow is not installed")
-    stand_in = types.ModuleType(_PACKAGE, "TensorFlow's runtime only (tfps.ps_worker.tf_runtime)")
+    stand_in = types.ModuleType(
+        _PACKAGE, "TensorFlow's runtime only (tfps.ps_worker.tf_runtime)")
     stand_in.__path__ = list(spec.submodule_search_locations)
     stand_in.__file__ = spec.origin
     setattr(stand_in, _MARK, True)
