@@ -35,7 +35,8 @@ def test_parse_explicit_faults_sorted_by_time():
     ("ps:0@1:leave", "only a worker joins or leaves"),
     ("worker:1@1:join", "worker:1 is running by then"),
     ("ps:0@1:cut+never", "a stopped or cut-off task must come back"),
-    ("ps:0@1:kill+never", "only a worker may never come back"),
+    ("ps:0@1:kill+never", "a ps must come back"),
+    ("chief:0@1:kill+never", "needs a standby (--chief_standby)"),
     ("worker:0@1:stop+never", "a stopped or cut-off task must come back"),
     ("worker:0@-1:kill", "time (-1.0) must be >= 0"),
 ])

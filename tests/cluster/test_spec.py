@@ -68,7 +68,7 @@ def test_evaluator_never_reaches_the_coordinator():
     (tf_config(dict(CLUSTER, worker=[])), "cluster.worker: the job list is empty", ""),
     (tf_config(dict(CLUSTER, ps=[])), "cluster.ps: the job list is empty", ""),
     (tf_config(dict(CLUSTER, worker="w0:3000")), "cluster.worker: expected a list", ""),
-    (tf_config(dict(CLUSTER, chief=["c:1", "c:2"])), "at most one chief", ""),
+    (tf_config(dict(CLUSTER, chief=["c:1", "c:2", "c:3"])), "at most 2 chief task(s)", "got 3"),
     (tf_config({"ps": ["p:1"], "worker": ["w:2"]}, {"type": "chief", "index": 0}),
      "task.type: job 'chief' is not in the cluster", ""),
 ])

@@ -232,3 +232,18 @@ def test_fast_steps_keep_full_closures_even_measured_on_a_busy_host():
   assert closure_plan.closure_steps(0.011, 0.5, 50, 0.1) == 50
   # 50 steps of 54 ms: 2.7 s: shortened to the size that runs within the bound.
   assert closure_plan.closure_steps(0.054, 0.5, 50, 0.054) == 8
+
+
+def test_a_restart_keeps_a_larger_full_size_whose_trace_is_stored_if_it_fits():
+  # 0.02 s a step, 0.5 s a closure: 20 steps chosen; 50 (1.0 s) is stored and fits
+  # within 1.5 x 2 x 0.5 s, so the restart rebuilds it instead of tracing 20.
+  assert closure_plan.keep_stored_size(20, [50], 0.021, 0.5, most=50) == 50
+  assert closure_plan.keep_stored_size(20, [25, 40], 0.021, 0.5, most=50) == 40
+
+
+def test_a_stored_size_too_long_or_above_the_most_is_not_kept():
+  assert closure_plan.keep_stored_size(20, [50], 0.031, 0.5, most=50) == 20  # 1.55 s > 1.5 s
+  assert closure_plan.keep_stored_size(20, [50], 0.01, 0.5, most=40) == 20
+  assert closure_plan.keep_stored_size(20, [10], 0.01, 0.5, most=50) == 20  # Never smaller.
+  assert closure_plan.keep_stored_size(20, [50], None, 0.5, most=50) == 20  # No speed known.
+  assert closure_plan.keep_stored_size(20, [50], 0.01, 0.0, most=50) == 20  # No bound.

@@ -71,8 +71,23 @@ def test_the_chief_is_restarted_only_on_retryable_codes(plan, code):
 def test_the_chiefs_restart_budget_counts_the_whole_run():
   outcome, runner, _ = run_to_outcome([143, 143, 143, 0], max_restarts=2)
   assert outcome.code == errors.ExitCode.PERMANENT and runner.chief_restarts == 2
-  assert outcome.reason == ("chief exited with code 143: restart budget spent: "
+  assert outcome.reason == ("chief:0 exited with code 143: restart budget spent: "
                             "2 restarts (max 2)")
+
+
+def test_both_chief_replicas_are_run_and_restarted_and_either_ends_the_run():
+  # chief:0 is killed for good (held by a chaos fault); chief:1, its standby,
+  # exits 143 once (restarted), then finishes the run.
+  c0 = FakeTask(spec_lib.TaskId(spec_lib.JobType.CHIEF, 0), [-9])
+  c1 = FakeTask(spec_lib.TaskId(spec_lib.JobType.CHIEF, 1), [143, 0])
+  runner = orchestrator.Orchestrator(FakeCluster(c0, c1), c0, signals.StopSignals(),
+                                     max_restarts=3)
+  runner.held.add(c0.task)
+  runner.start()
+  assert (c0.starts, c1.starts) == (1, 1)
+  assert runner.poll() is None and c1.starts == 2 and runner.chief_restarts == 1
+  outcome = runner.poll()
+  assert outcome.code == errors.ExitCode.OK and c0.starts == 1
 
 
 def test_a_ps_or_worker_that_exits_is_started_again_and_a_held_one_is_not():

@@ -30,3 +30,23 @@ def test_looped_and_warming_loops_are_marked_in_the_progress_log(tmp_path):
   assert [loop.warming for _, loops in progress_lib.loops_by_coordinator(records)
           for loop in loops] == [True, False]
   assert '"looped"' not in (tmp_path / progress_lib.FILE_NAME).read_text().splitlines()[3]
+
+
+def test_a_superseded_coordinator_writes_no_record_and_its_late_ones_are_dropped(tmp_path):
+  from tfps.base import errors
+  from tfps.recovery import chief_lease
+  import pytest
+  store = chief_lease.LeaseStore(str(tmp_path))
+  assert store.take(1, "chief:0")
+  old = progress_lib.ProgressLog(str(tmp_path), chief_lease.Fence(str(tmp_path), 1))
+  old.append(100, now=1.0)
+  assert store.take(2, "chief:1")  # The standby takes over ...
+  new = progress_lib.ProgressLog(str(tmp_path), chief_lease.Fence(str(tmp_path), 2))
+  new.append(80, restored=True, now=2.0)
+  with pytest.raises(errors.Superseded, match="progress record of step 120 not written"):
+    old.append(120, now=3.0)  # ... and the old one, awake, writes nothing.
+  with open(old.path, "a") as f:  # One that checked just before the takeover: too late.
+    f.write('{"step": 120, "time": 3.0, "generation": 1}\n')
+  new.append(280, now=4.0)
+  assert [(r.step, r.generation) for r in progress_lib.ProgressLog(str(tmp_path)).read_new()
+          ] == [(100, 1), (80, 2), (280, 2)]

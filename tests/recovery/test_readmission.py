@@ -158,7 +158,7 @@ def test_the_chiefs_launcher_judges_from_the_whole_run_and_still_sees_its_coordi
     made = chief._CoordinatorLauncher(
         config, run_spec.RunSpec(model_dir=model_dir, warm_standby=False, **spec), model_dir,
         events.EventLog(model_dir))
-    made._coordinators.start = lambda excluded: (None, False)  # No process.
+    made._coordinators.start = lambda excluded, lease_generation=0: (None, False)  # No process.
     return made
 
   measured = launcher()

@@ -79,12 +79,14 @@ class Harness:
       raise errors.RetryableError(f"tasks still unreachable after {seconds:.1f}s: ps:0")
 
 
-def supervise(harness, tmp_path, stop=None, watch=None, clock=None, **config):
+def supervise(harness, tmp_path, stop=None, watch=None, clock=None, superseded=None,
+              **config):
   log = events.EventLog(str(tmp_path))
   result = supervisor.Supervisor(
       supervisor.SupervisorConfig(**config), launcher=harness, cluster=harness, event_log=log,
       stop=stop or signals.StopSignals(), watch=watch,
-      **({"clock": clock} if clock else {})).run()
+      **({"clock": clock} if clock else {}),
+      **({"superseded": superseded} if superseded else {})).run()
   assert harness.closed  # The launcher's standby goes with the supervisor.
   return result, log
 
@@ -95,6 +97,22 @@ def run(harness, tmp_path, stop=None, **config):
     assert process.poll() is not None
     process.stdout.close()
   return result, log.read()
+
+
+def test_a_superseded_chief_kills_its_coordinator_and_restarts_nothing(tmp_path):
+  # The other chief replica took the lease while this one's coordinator ran.
+  harness = Harness(["wait"])
+  polls = []
+  result, log = supervise(harness, tmp_path, superseded=lambda: polls.append(1) or len(polls) > 2)
+  assert result.exit_code == errors.ExitCode.SUPERSEDED and len(harness.started) == 1
+  assert harness.started[0].wait(timeout=10) == -signal.SIGKILL  # No grace: no save.
+  assert log.read() == []  # Not a failure of this replica's: nothing restarted.
+
+
+def test_a_coordinator_that_found_itself_fenced_is_not_restarted(tmp_path):
+  harness = Harness([errors.ExitCode.SUPERSEDED, 0])
+  result, _ = run(harness, tmp_path)
+  assert result.exit_code == errors.ExitCode.SUPERSEDED and len(harness.started) == 1
 
 
 def test_ps_loss_restarts_the_coordinator_after_the_cluster_is_back(tmp_path):

@@ -29,6 +29,9 @@ class ExitCode(enum.IntEnum):
   # A ps/worker's address is taken (often by the previous process of the same
   # task, still exiting): retry, after freeing it if it stays taken.
   ADDRESS_IN_USE = 171
+  # Another chief replica took the lease (`recovery.chief_lease`): this
+  # coordinator stopped without writing anything; its chief stands by.
+  SUPERSEDED = 172
 
   @property
   def retryable(self) -> bool:
@@ -90,6 +93,12 @@ class AddressInUseError(RetryableError):
   """This task's host:port is held by another process."""
 
   exit_code = ExitCode.ADDRESS_IN_USE
+
+
+class Superseded(TfpsError):
+  """Another chief replica holds the lease now: stop, write nothing (a fenced coordinator)."""
+
+  exit_code = ExitCode.SUPERSEDED
 
 
 class Preempted(RetryableError):

@@ -132,6 +132,11 @@ RUN_SETTINGS = (
     Setting("ps_readmit_after", "supervision", "float", 30.0,
             'chief: seconds a ps left out by --ps_failover must answer before it is taken '
             'back (with --ps_readmit=measured: before it may be).'),
+    Setting("chief_lease_seconds", "supervision", "float", 1.0,
+            'chief with a standby replica (two chief addresses): seconds without the active '
+            "chief's heartbeat before the standby takes over."),
+    Setting("lease_generation", "supervision", "integer", 0,
+            'chief, internal: the chief lease generation a coordinator runs under.'),
     Setting("exclude_tasks", "supervision", "list", (),
             'chief, internal: workers and ps the supervisor left out (e.g. worker:1).'),
 )

@@ -86,9 +86,9 @@ class Fault:
     if self.action.resizes and (self.target.job != spec_lib.JobType.WORKER
                                 or self.back_after is not NEVER):
       raise errors.UsageError(f"fault {self}: only a worker joins or leaves, and for good")
-    if self.back_after is NEVER and self.target.job != spec_lib.JobType.WORKER:
+    if self.back_after is NEVER and self.target.job == spec_lib.JobType.PS:
       raise errors.UsageError(
-          f"fault {self}: only a worker may never come back (the job needs its ps and chief)")
+          f"fault {self}: a ps must come back (the job needs its ps)")
     if self.back_after is not NEVER and self.back_after < 0:
       raise errors.UsageError(f"fault {self}: delay ({self.back_after}) must be >= 0")
 
@@ -109,7 +109,12 @@ def parse_faults(text: str, cluster: spec_lib.ClusterSpec, *,
   """
   faults = []
   for item in filter(None, (part.strip() for part in text.split(","))):
-    faults.append(_parse_one(item, cluster))
+    fault = _parse_one(item, cluster)
+    if (fault.target.job == spec_lib.JobType.CHIEF and fault.back_after is NEVER
+        and not cluster.chief_standby):
+      raise errors.UsageError(
+          f"fault {fault}: a chief that never comes back needs a standby (--chief_standby)")
+    faults.append(fault)
   if not faults:
     raise errors.UsageError(f"--faults: no fault in {text!r}")
   if len({f.at_step is None for f in faults}) > 1:

@@ -71,6 +71,8 @@ class LocalClusterConfig:
     graph_cache_dir: where workers keep the function graphs TensorFlow
       optimized for them (`ps_worker.graph_cache`); None: a scratch directory
       of this cluster's, removed with it; "": they keep none.
+    chief_standby: a second chief replica, on a host of its own, that stands
+      by and takes over when the first is lost (`recovery.chief_lease`).
   """
 
   num_ps: int = 2
@@ -83,6 +85,7 @@ class LocalClusterConfig:
   ready_timeout: float = settings.DEFAULTS["ready_timeout"]
   task_flags: tuple[str, ...] = ()
   graph_cache_dir: str | None = None
+  chief_standby: bool = False
 
   def __post_init__(self):
     for field in ("num_ps", "num_workers"):
@@ -236,13 +239,15 @@ class LocalCluster:
     self.network: netns.PrivateNetwork | None = None
     self.virtual_hosts: hosts_lib.VirtualHosts | None = None
     num_workers = config.max_workers or config.num_workers
+    chiefs = 2 if config.chief_standby else 1
     if config.hosts == "netns":
       # Like separate VMs: every task on its own named host, all on the same port.
-      counts = {"chief": 1, "ps": config.num_ps, "worker": num_workers}
+      counts = {"chief": chiefs, "ps": config.num_ps, "worker": num_workers}
       jobs = {job: [f"{host_name(TaskId(JobType(job), i))}:{_NETNS_PORT}" for i in range(n)]
               for job, n in counts.items()}
     else:
-      jobs = {"chief": [_chief_address()], "ps": _addresses(config.num_ps),
+      jobs = {"chief": [_chief_address() for _ in range(chiefs)],
+              "ps": _addresses(config.num_ps),
               "worker": _addresses(num_workers)}
     self.spec = spec_lib.ClusterSpec.from_dict(jobs)
     self._host_of = {task: i for i, task in enumerate(self.spec.tasks())}
@@ -354,13 +359,18 @@ class LocalCluster:
     return self.tasks[TaskId(JobType.WORKER, index)]
 
   def add_chief(self, chief_flags: Sequence[str], *, stdout_path: str,
-                stderr_to_parent: bool = False) -> TaskHandle:
-    """Registers (does not start) the chief: `tfps run` with `chief_flags`."""
-    chief = TaskId(JobType.CHIEF, 0)
+                stderr_to_parent: bool = False, replica: int = 0) -> TaskHandle:
+    """Registers (does not start) chief replica `replica`: `tfps run` with `chief_flags`."""
+    chief = TaskId(JobType.CHIEF, replica)
     handle = TaskHandle(self, chief, self.task_argv(chief, chief_flags),
                         stdout_path=stdout_path, stderr_to_parent=stderr_to_parent)
     self.tasks[chief] = handle
     return handle
+
+  @property
+  def chiefs(self) -> list[TaskHandle]:
+    """The chief replicas registered (one, or an active chief and its standby)."""
+    return [h for t, h in sorted(self.tasks.items()) if t.job == JobType.CHIEF]
 
   def spawn(self, argv: Sequence[str], *, task: TaskId | None = None,
             **kwargs) -> subprocess.Popen:

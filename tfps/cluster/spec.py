@@ -29,8 +29,9 @@ class JobType(str, enum.Enum):
   EVALUATOR = "evaluator"
 
 
-# Jobs that may hold at most one task.
-_SINGLE_TASK_JOBS = (JobType.CHIEF, JobType.EVALUATOR)
+# The most tasks a job may hold: a chief may have a standby replica
+# (`recovery.chief_lease`), an evaluator none.
+_MAX_TASKS = {JobType.CHIEF: 2, JobType.EVALUATOR: 1}
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -109,9 +110,11 @@ class ClusterSpec:
         raise ClusterSpecError(f"{field}: expected a list of host:port, got {addresses!r}")
       if not addresses:
         raise ClusterSpecError(f"{field}: the job list is empty")
-      if job in _SINGLE_TASK_JOBS and len(addresses) > 1:
+      if len(addresses) > _MAX_TASKS.get(job, len(addresses)):
         raise ClusterSpecError(
-            f"{field}: at most one {job.value} task is allowed, got {len(addresses)}")
+            f"{field}: at most {_MAX_TASKS[job]} {job.value} task(s) allowed"
+            f"{' (an active chief and its standby)' if job == JobType.CHIEF else ''}, "
+            f"got {len(addresses)}")
       for i, address in enumerate(addresses):
         _check_address(address, field=f"{field}[{i}]")
         if address in seen:
@@ -143,16 +146,26 @@ class ClusterSpec:
     """The plain mapping `tf.train.ClusterSpec` and `TF_CONFIG` use."""
     return {job.value: list(addresses) for job, addresses in self.jobs}
 
-  def for_coordinator(self) -> "ClusterSpec":
-    """The cluster as the coordinator must see it: no evaluator.
+  def for_coordinator(self, replica: int = 0) -> "ClusterSpec":
+    """The cluster as the coordinator of chief replica `replica` must see it:
+    that replica as the one chief, no evaluator.
 
     A coordinator whose cluster lists an evaluator waits forever for it
     (tensorflow#46169), so the evaluator is dropped here, once, for everyone.
+    TensorFlow knows one chief: a standby replica's coordinator is that chief
+    once it takes over (`recovery.chief_lease`).
     """
-    if JobType.CHIEF not in dict(self.jobs):
+    chiefs = self.addresses(JobType.CHIEF)
+    if not chiefs:
       raise ClusterSpecError("cluster.chief: the coordinator role needs a chief task")
     return ClusterSpec(jobs=tuple(
-        (job, addresses) for job, addresses in self.jobs if job != JobType.EVALUATOR))
+        (job, (chiefs[replica],) if job == JobType.CHIEF else addresses)
+        for job, addresses in self.jobs if job != JobType.EVALUATOR))
+
+  @property
+  def chief_standby(self) -> bool:
+    """Whether the chief has a standby replica (two chief addresses)."""
+    return self.num_tasks(JobType.CHIEF) > 1
 
 
   def without(self, tasks: Iterable[TaskId]) -> "ClusterSpec":
@@ -204,7 +217,7 @@ class TaskConfig:
           f"task.index: {self.task.index} is out of range for job "
           f"{self.task.job.value!r} with {count} task(s)")
     if self.task.job == JobType.CHIEF:
-      self.cluster.for_coordinator()  # Validates that the chief can coordinate.
+      self.cluster.for_coordinator(self.task.index)  # Validates that the chief can coordinate.
 
   @property
   def address(self) -> str:

@@ -23,6 +23,8 @@ from tfps.cluster import spec as spec_lib
 from tfps.commands import run_result
 from tfps.commands import run_spec
 from tfps.coordinator import api
+from tfps.recovery import chief_lease
+from tfps.recovery import chief_replica
 from tfps.recovery import coverage
 from tfps.recovery import events
 from tfps.recovery import exit_report
@@ -80,6 +82,7 @@ class _CoordinatorLauncher:
     self._progress = progress_log.ProgressLog(spec.model_dir)
     self._loops = progress_log.CoordinatorLoops()  # The run's, read so far.
     self._trained = False  # Whether the current coordinator has ended a loop.
+    self.lease_generation = 0  # With two chief replicas: the one held (chief_lease).
     self._coordinators = standby.WarmCoordinators(
         self._command,
         env={**os.environ, exit_report.ENV_VAR: self.report_path,
@@ -88,14 +91,16 @@ class _CoordinatorLauncher:
 
   def _command(self, excluded: tuple[str, ...]) -> list[str]:
     path = os.path.join(self._scratch, f"run_spec-{next(self._spec_files)}.json")
-    run_spec.write(dataclasses.replace(self._spec, exclude_tasks=excluded), path)
+    run_spec.write(dataclasses.replace(self._spec, exclude_tasks=excluded,
+                                       lease_generation=self.lease_generation), path)
     return [sys.executable, "-m", "tfps", "run", "--nosupervise", f"--run_spec={path}",
             f"--result_file={self.result_path}"]
 
   def start(self, attempt: int, excluded: frozenset) -> subprocess.Popen:
     self._read()
     self._trained = False  # Only what the new coordinator does counts.
-    process, warm = self._coordinators.start([str(t) for t in excluded])
+    process, warm = self._coordinators.start([str(t) for t in excluded],
+                                             lease_generation=self.lease_generation)
     logging.info("starting coordinator (attempt %d%s)%s", attempt + 1,
                  ", warm standby" if warm else "",
                  f" without {', '.join(sorted(map(str, excluded)))}" if excluded else "")
@@ -119,6 +124,10 @@ class _CoordinatorLauncher:
   def idle(self) -> None:
     if self.trained():  # Only once this one trains: never slow down a start.
       self._coordinators.prepare()
+
+  def stand_by(self) -> None:
+    """A standby chief replica: its coordinator imported and waiting, from the start."""
+    self._coordinators.prepare()
 
   def exit_report(self) -> exit_report.ExitReport | None:
     return exit_report.take(self.report_path)
@@ -175,15 +184,48 @@ def supervise(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, *,
   # Removed when the chief ends, or by the next chief's sweep if it is killed.
   with scratch_lib.ScratchDir("tfps-chief-") as scratch:
     launcher = _CoordinatorLauncher(config, spec, scratch, event_log)
-    result = supervisor.Supervisor(
-        supervisor_config, launcher=launcher, cluster=probes, event_log=event_log, stop=stop,
-        # The ps are probed too: a chief that sees no ps is itself cut off,
-        # and then no worker is to blame; and a ps left out is taken back (task_watch).
-        watch=task_watch.TaskWatch(workers, watch_config, ps=list(probes.ps_addresses)),
-    ).run()
-    if result.exit_code != errors.ExitCode.OK:
-      return result.exit_code
-    finished = run_result.read_coordinator(launcher.result_path)
+
+    def run_supervisor(superseded=lambda: False) -> supervisor.SupervisorResult:
+      return supervisor.Supervisor(
+          supervisor_config, launcher=launcher, cluster=probes, event_log=event_log,
+          stop=stop, superseded=superseded,
+          # The ps are probed too: a chief that sees no ps is itself cut off, and
+          # then no worker is to blame; and a ps left out is taken back (task_watch).
+          watch=task_watch.TaskWatch(workers, watch_config, ps=list(probes.ps_addresses)),
+      ).run()
+
+    replica = None
+    if config.cluster.chief_standby:
+      replica = chief_replica.ChiefReplica(
+          chief_lease.LeaseStore(spec.model_dir),
+          chief_lease.LeaseConfig(lease_seconds=spec.chief_lease_seconds,
+                                  renew_seconds=min(0.1, spec.chief_lease_seconds / 4)),
+          replica=config.task.index, stop=stop, event_log=event_log,
+          me=f"{config.task} ({config.address}, pid {os.getpid()})")
+
+      def hold(generation: int, superseded) -> supervisor.SupervisorResult:
+        launcher.lease_generation = generation
+        return run_supervisor(superseded)
+
+      result = replica.run(hold, stand_by=launcher.stand_by)
+      launcher.close()
+    else:
+      result = run_supervisor()
+    code = result.exit_code
+    try:
+      if code != errors.ExitCode.OK or (replica is not None and replica.ended_elsewhere):
+        return code  # The other replica wrote the result of a run that ended there.
+      finished = run_result.read_coordinator(launcher.result_path)
+      _write_result(spec, event_log, finished, result_file)
+      return code
+    finally:
+      if replica is not None:
+        replica.release(code)  # After the result: the standby then leaves.
+
+
+def _write_result(spec: run_spec.RunSpec, event_log: events.EventLog,
+                  finished: api.CoordinatorResult, result_file: str | None) -> None:
+  """The run's result record (in `result_file`) and its JSON line on stdout."""
   counts = events.summarize(event_log.read())
   record = run_result.RunResult(
       coordinator=finished, faults=counts["faults"], restarts=counts["restarts"],
@@ -197,7 +239,6 @@ def supervise(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, *,
     run_result.write(record, result_file)
   sys.stdout.write(json.dumps(record.as_dict()) + "\n")
   sys.stdout.flush()
-  return errors.ExitCode.OK
 
 
 def ensure_model_dir(model_dir: str | None) -> str:

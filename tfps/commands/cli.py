@@ -126,6 +126,11 @@ flags.DEFINE_bool("new_address_on_restart", True,
                   "virtual host at a new address under the same name, as a Kubernetes pod "
                   "does (false: at the same address).")
 
+flags.DEFINE_bool("chief_standby", False,
+                  "tfps local/chaos: a second chief replica on a host of its own stands by, "
+                  "imported, and takes over when the first is lost (the cluster spec lists "
+                  "two chiefs; see --chief_lease_seconds).")
+
 _section("local")
 
 # --- chaos -------------------------------------------------------------------------
@@ -174,7 +179,7 @@ _HOST_ONLY = {"cluster_spec", "job_name", "task_index", "ps_hosts", "worker_host
               "chief_host", "cluster_from", "task_port", "inter_op_threads", "intra_op_threads",
               "thread_spinning", "graph_cache_dir", "tf_runtime_only", "preemption_notice",
               "supervise",
-              "exclude_tasks", "run_spec", "result_file"}
+              "exclude_tasks", "lease_generation", "run_spec", "result_file"}
 _CHIEF = [f for f in _sections["cluster"] if f not in _HOST_ONLY] + _sections["training"]
 COMMAND_FLAGS = {
     "run": _sections["cluster"] + ["num_ps", "num_workers"] + _sections["training"],

@@ -40,7 +40,8 @@ def run_process(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop,
     go = _stand_by(stop)
     if go is None:  # Not needed after all: leave as quietly as we came.
       _leave_coordinator(stderr_filter, temp, errors.ExitCode.OK)
-    spec = dataclasses.replace(spec, exclude_tasks=go.exclude_tasks)
+    spec = dataclasses.replace(spec, exclude_tasks=go.exclude_tasks,
+                               lease_generation=go.lease_generation)
   _leave_coordinator(stderr_filter, temp,
                      _coordinate(config, spec, stop, result_file=result_file))
 
@@ -106,7 +107,8 @@ def _leave_coordinator(stderr_filter, temp, code: int) -> None:
 
 def _run_chief(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, *,
                result_file: str | None) -> errors.ExitCode:
-  settings = spec.coordinator_config(config.cluster.for_coordinator())  # Before TF loads.
+  # Before TF loads. A chief replica coordinates as the one chief TF knows.
+  settings = spec.coordinator_config(config.cluster.for_coordinator(config.task.index))
   api.check_experiment_findable(spec.experiment)
   from tfps.coordinator import run as coordinator_run  # Imports TensorFlow (seconds).
 

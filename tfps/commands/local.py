@@ -29,6 +29,7 @@ from absl import logging
 
 from tfps.cluster import hosts
 from tfps.cluster import local
+from tfps.cluster import spec as spec_lib
 from tfps.coordinator import api
 from tfps.base import errors
 from tfps.recovery import deaths
@@ -108,11 +109,12 @@ def cluster_config(flags, model_dir: str) -> local.LocalClusterConfig:
       work_dir=model_dir,
       isolate_network=flags.isolate_network, hosts=flags.hosts,
       new_address_on_restart=flags.new_address_on_restart,
-      ready_timeout=flags.ready_timeout, graph_cache_dir=flags.graph_cache_dir)
+      ready_timeout=flags.ready_timeout, graph_cache_dir=flags.graph_cache_dir,
+      chief_standby=flags.chief_standby)
 
 
-def chief_stdout_path(model_dir: str) -> str:
-  return os.path.join(model_dir, "logs", "chief-0.stdout")
+def chief_stdout_path(model_dir: str, replica: int = 0) -> str:
+  return os.path.join(model_dir, "logs", f"chief-{replica}.stdout")
 
 
 def chief_result_path(model_dir: str) -> str:
@@ -120,13 +122,17 @@ def chief_result_path(model_dir: str) -> str:
 
 
 def add_chief(cluster: local.LocalCluster, spec: run_spec.RunSpec) -> local.TaskHandle:
-  """Registers the chief: `tfps run` with the run spec in a file beside its log."""
+  """Registers the chief (and its standby replica, if the cluster has one): `tfps run`
+  with the run spec in a file beside its log. Returns chief 0."""
   path = run_spec.write(spec, os.path.join(cluster.log_dir, "run_spec.json"))
   result = chief_result_path(spec.model_dir)
   if os.path.exists(result):
     os.remove(result)  # An earlier run's: only this chief's may be read.
-  return cluster.add_chief([f"--run_spec={path}", f"--result_file={result}"],
-                           stdout_path=chief_stdout_path(spec.model_dir), stderr_to_parent=True)
+  handles = [cluster.add_chief([f"--run_spec={path}", f"--result_file={result}"],
+                               stdout_path=chief_stdout_path(spec.model_dir, replica),
+                               stderr_to_parent=True, replica=replica)
+             for replica in range(cluster.spec.num_tasks(spec_lib.JobType.CHIEF))]
+  return handles[0]
 
 
 def start_cluster(cluster: local.LocalCluster, model_dir: str) -> local.LocalCluster:

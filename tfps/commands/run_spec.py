@@ -46,6 +46,9 @@ class RunSpec(settings.LoopSettings):
     exclude_tasks: workers and ps the supervisor leaves out of a
       coordinator's cluster (`worker:1`, `ps:0`); set by the supervisor, not
       by users.
+    chief_lease_seconds: with two chief replicas, the lease (`recovery.chief_lease`).
+    lease_generation: the lease generation a coordinator runs under (0: no
+      lease); set by the supervisor.
   """
 
   experiment: str = _DEFAULTS["experiment"]
@@ -68,6 +71,8 @@ class RunSpec(settings.LoopSettings):
   ps_readmit: str = _DEFAULTS["ps_readmit"]
   ps_readmit_after: float = _DEFAULTS["ps_readmit_after"]
   exclude_tasks: tuple[str, ...] = _DEFAULTS["exclude_tasks"]
+  chief_lease_seconds: float = _DEFAULTS["chief_lease_seconds"]
+  lease_generation: int = _DEFAULTS["lease_generation"]
 
   def __post_init__(self):
     api.experiment_target(self.experiment)  # A UsageError naming it, if it is not one.
@@ -89,7 +94,7 @@ class RunSpec(settings.LoopSettings):
       value = getattr(self, name)
       if value is not None and not (_is_int(value) and value >= 1):
         raise errors.UsageError(f"{name} ({value!r}) must be a positive integer")
-    for name in ("seed", "max_restarts", "min_shard_bytes"):
+    for name in ("seed", "max_restarts", "min_shard_bytes", "lease_generation"):
       if not (_is_int(getattr(self, name)) and getattr(self, name) >= 0):
         raise errors.UsageError(f"{name} ({getattr(self, name)!r}) must be >= 0")
     for name, lowest in _SECONDS.items():
@@ -118,6 +123,7 @@ class RunSpec(settings.LoopSettings):
         **{name: getattr(self, name) for name in _CHIEF_FIELDS},
         min_shard_bytes=self.min_shard_bytes or None,
         ps_timeout=self.ps_timeout or None, tasks_left_out=self.exclude_tasks,
+        lease_generation=self.lease_generation,
         failover_graphs=self.ps_failover and self.failover_graphs,
         tasks_expected_back=readmission.expected_back(self.exclude_tasks, self.ps_readmit),
         # Elastic: the supervisor started it on workers that answered; one
@@ -170,7 +176,7 @@ _POSITIVE_INTS = ("train_steps", "train_epochs", "input_shards", "steps_per_loop
 _SECONDS = {"ready_timeout": "positive", "restart_window": "positive",
             "cluster_wait_seconds": "positive", "worker_timeout": "positive",
             "grace_seconds": "positive", "ps_timeout": ">= 0", "ps_readmit_after": ">= 0",
-            "max_closure_seconds": ">= 0"}
+            "max_closure_seconds": ">= 0", "chief_lease_seconds": "positive"}
 FIELDS = tuple(f.name for f in dataclasses.fields(RunSpec))
 
 

@@ -217,6 +217,9 @@ class CoordinatorConfig(settings.LoopSettings):
       supervisor started this coordinator on the workers that answered; one
       that has stopped since makes it exit retryable at once, and the next
       starts without it. None: `ready_timeout`.
+    lease_generation: the chief lease generation this coordinator runs under
+      (`recovery.chief_lease`; 0: no lease): once another replica takes the
+      next one, it writes no checkpoint and no progress record.
   """
 
   cluster: spec_lib.ClusterSpec
@@ -234,6 +237,7 @@ class CoordinatorConfig(settings.LoopSettings):
   tasks_left_out: tuple[str, ...] = ()
   tasks_expected_back: tuple[str, ...] = ()
   workers_ready_timeout: float | None = None
+  lease_generation: int = 0
 
   def __post_init__(self):
     if not isinstance(self.cluster, spec_lib.ClusterSpec):

@@ -35,6 +35,7 @@ import tensorflow as tf
 from tfps.base import messages
 from tfps.base import errors
 from tfps.base import tf_internals
+from tfps.recovery import chief_lease
 
 
 def check_writable(model_dir: str) -> None:
@@ -104,12 +105,18 @@ class Manager(tf.train.CheckpointManager):
   def __init__(self, checkpoint: tf.train.Checkpoint, directory: str, *, asynchronous: bool,
                before_save: Sequence[Callable[[], None]] = (),
                save_due: Callable[[int, int], bool] | None = None,
-               skip_while_writing: bool = True, **kwargs):
+               skip_while_writing: bool = True,
+               fence: chief_lease.Fence | None = None, **kwargs):
     """`save_due(step, last_saved_step)`: whether a `save(check_interval=True)` at
     `step` saves (default: TensorFlow's, `checkpoint_interval` steps after the last);
     `skip_while_writing` False waits for the write in flight instead (the bench's
-    side-by-side)."""
+    side-by-side). `fence`: with two chief replicas, no save once the other
+    took the lease; checkpoints are then named by generation (`ckpt-g3-1200`),
+    so that no two generations write the same files."""
+    if fence is not None and fence.generation:
+      kwargs.setdefault("checkpoint_name", f"ckpt-g{fence.generation}")
     super().__init__(checkpoint, directory, **kwargs)
+    self._fence = fence
     self._steps = kwargs.get("step_counter")
     self.asynchronous = asynchronous
     self._skip_while_writing = skip_while_writing
@@ -133,6 +140,9 @@ class Manager(tf.train.CheckpointManager):
         self.saves_skipped += 1
         return None
       check_interval = False  # Due: TensorFlow's own check would count from `last`.
+    if self._fence is not None:
+      self._fence.check(f"the checkpoint of step {int(self._steps.numpy())}"
+                        if self._steps is not None else "a checkpoint")
     start = time.perf_counter()
     for capture in self._before_save:
       capture()

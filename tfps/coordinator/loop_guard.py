@@ -39,6 +39,7 @@ from tfps.base import messages
 from tfps.coordinator import checkpoints
 from tfps.coordinator import ps_state
 from tfps.base import errors
+from tfps.recovery import chief_lease
 from tfps.recovery import events as events_lib
 from tfps.recovery import interrupts as interrupts_lib
 from tfps.recovery import policy
@@ -52,7 +53,7 @@ class LoopGuard:
                manager: checkpoints.Manager, global_step: tf.Variable,
                cluster: spec_lib.ClusterSpec, model_dir: str,
                sentinels: ps_state.PsSentinels | None = None,
-               left_out: tuple[str, ...] = ()):
+               left_out: tuple[str, ...] = (), fence: chief_lease.Fence | None = None):
     self._interrupts = interrupts
     self._sentinels = sentinels
     self._manager = manager
@@ -60,7 +61,7 @@ class LoopGuard:
     self._cluster = cluster
     self._left_out = tuple(left_out)  # Tasks the supervisor left out (progress records).
     self._left_out_ids = tuple(map(spec_lib.TaskId.parse, self._left_out))
-    self._progress = progress_lib.ProgressLog(model_dir)
+    self._progress = progress_lib.ProgressLog(model_dir, fence)
     self._events = events_lib.EventLog(model_dir)
     self._epochs_logged = 0  # Set from the restored ledger (account_restore).
 

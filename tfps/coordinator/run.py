@@ -58,6 +58,7 @@ from tfps.recovery import notices
 from tfps.base import errors
 from tfps.recovery import interrupts as interrupts_lib
 from tfps.recovery import events as events_lib
+from tfps.recovery import chief_lease
 from tfps.recovery import progress_log
 
 
@@ -432,15 +433,17 @@ def _prepare(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts, f
   with runtime.strategy.scope():
     checkpoint = tf.train.Checkpoint(global_step=global_step, **experiment.checkpoint_items,
                                      **input_items)
+  # With two chief replicas: nothing written once the other took the lease.
+  fence = chief_lease.Fence(config.model_dir, config.lease_generation)
   manager = checkpoints.Manager(
-      checkpoint, config.model_dir, asynchronous=config.async_checkpoint,
+      checkpoint, config.model_dir, asynchronous=config.async_checkpoint, fence=fence,
       before_save=[trainer.input_state.capture] if positioned else [],
       max_to_keep=config.max_to_keep, step_counter=global_step,
       checkpoint_interval=config.checkpoint_interval, save_due=ends.save_due)
   guard = loop_guard.LoopGuard(interrupts=interrupts, manager=manager,
                                global_step=global_step, cluster=runtime.cluster,
                                model_dir=config.model_dir, sentinels=sentinels,
-                               left_out=config.tasks_left_out)
+                               left_out=config.tasks_left_out, fence=fence)
   measured = None
   if trainer is not None:
     measured = progress.MeasuredTrainer(

@@ -52,6 +52,7 @@ Step counting and retries (at-least-once):
 import contextlib
 import dataclasses
 import math
+import os
 import threading
 import time
 from typing import Any, Callable, Mapping
@@ -345,6 +346,8 @@ class PSTrainer(orbit.StandardTrainer):
       # instantiate the looped closure too, seconds of every run's first start.
       self._calibrate(iterator, loop)
     full_size = self._full_size = self._closure_steps(self._steps_per_closure)
+    if self._positioned is not None and self._trace_cache is not None:
+      full_size = self._full_size = self._stored_full_size(full_size)
     if self._positioned is None:
       # Every closure is the looped one, one step per loop iteration: its trace
       # is a step's. No fast start and no stored traces here (a closure takes
@@ -373,6 +376,22 @@ class PSTrainer(orbit.StandardTrainer):
         closures, self._runtime.strategy, self._runtime.coordinator,
         ready=self.full_closure_ready,
         looped_seconds=looped_seconds if closures.has_fast_start else 0.0, costs=costs)
+
+  def _stored_full_size(self, chosen: int) -> int:
+    """`chosen`, or a larger size a coordinator stored the trace of, if it fits
+    (`closure_plan.keep_stored_size`): a restart then rebuilds instead of tracing."""
+    num_shards = self.ensure_ledger().num_shards
+    stored = [size for size in {self._steps_per_closure, *closure_plan.SIZES}
+              if chosen < size <= self._steps_per_closure
+              and any(os.path.exists(self._trace_cache_for(num_shards, size).path(kind))
+                      for kind in (closures_lib.Kind.FAST, closures_lib.Kind.FULL))]
+    kept = closure_plan.keep_stored_size(chosen, stored, self.step_seconds,
+                                         self._max_closure_seconds, self._steps_per_closure,
+                                         self.closure_overhead)
+    if kept != chosen:
+      logging.info("full-size closures of %d steps, not %d: their trace is stored "
+                   "(closure_plan.keep_stored_size)", kept, chosen)
+    return kept
 
   def _trace_cache_for(self, num_shards: int, full_size: int) -> trace_cache_lib.TraceCache:
     """The trace cache under the key of everything that shapes these closures."""

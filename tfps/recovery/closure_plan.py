@@ -252,7 +252,7 @@ def plans(records: Sequence[progress_log.Progress], events: Sequence[events_lib.
 # Steps a shortened closure may hold: a few sizes, so that a measure that
 # differs a little from one coordinator to the next gives the same closure
 # (and finds its stored trace).
-_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 25, 32, 40)
+SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 25, 32, 40)
 # A full-size closure is kept up to this many times `max_seconds`: a measure
 # taken on a busy host must not cut the closures of fast steps.
 SLACK = 2.0
@@ -263,7 +263,7 @@ def closure_steps(step_seconds: float | None, max_seconds: float, most: int,
   """Steps per closure: `most`, unless a closure of `most` steps would run more than
   `SLACK` x `max_seconds` at `step_seconds` a step and `overhead_seconds` a closure
   (dispatch, starting its iterator); then as many as run in `max_seconds`, one of
-  `_SIZES`, at least 1.
+  `SIZES`, at least 1.
 
   `step_seconds` None (not measured yet) or `max_seconds` 0 (no bound): `most`.
   """
@@ -272,7 +272,28 @@ def closure_steps(step_seconds: float | None, max_seconds: float, most: int,
   if overhead_seconds + most * step_seconds <= SLACK * max_seconds:
     return most
   fits = int((max_seconds - overhead_seconds) / step_seconds)
-  return min(most, max([1] + [size for size in _SIZES if size <= fits]))
+  return min(most, max([1] + [size for size in SIZES if size <= fits]))
+
+
+# A restart estimates a step's time from whole loops (saves and dispatch
+# included), a little over what the last coordinator measured per closure: on
+# a size's edge the two choose differently, and a size whose trace is not
+# stored costs seconds of the chief's Python to trace again. So a stored size
+# is kept up to this many times the bound on a closure's length.
+STORED_SLACK = 1.5
+
+
+def keep_stored_size(chosen: int, stored: Iterable[int], step_seconds: float | None,
+                     max_seconds: float, most: int, overhead_seconds: float = 0.0) -> int:
+  """The full size a new coordinator takes: the largest size above `chosen` (and at
+  most `most`) whose trace is `stored`, if its closures run within `STORED_SLACK` x
+  `SLACK` x `max_seconds`; else `chosen`."""
+  if step_seconds is None or step_seconds <= 0 or max_seconds <= 0:
+    return chosen
+  bound = STORED_SLACK * SLACK * max_seconds
+  fitting = [size for size in stored if chosen < size <= most
+             and overhead_seconds + size * step_seconds <= bound]
+  return max(fitting, default=chosen)
 
 
 def worker_step_seconds(loop_seconds: float, steps: int, closures: int, num_workers: int,

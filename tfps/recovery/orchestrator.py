@@ -8,7 +8,9 @@ signal) is started again within a restart budget; a
 permanent exit (1, 2) of any task ends the run with that code, as a JobSet's
 pod failure policy would. Every death (`recovery.deaths`: a ps or worker
 that exits, a chief killed by a signal) is an event in the event log, with
-the process's last lines, before anything is restarted. Which is which, and when
+the process's last lines, before anything is restarted. With a standby chief
+replica (two chiefs) each replica is restarted the same way, and the first to
+end the run (0, 1, 2) ends it. Which is which, and when
 the budget is spent, is the same pure policy the chief's supervisor asks
 (`recovery.policy`); here the budget counts every chief restart of the run.
 `poll` does one round and never blocks, so callers interleave their own work
@@ -54,15 +56,23 @@ class Orchestrator:
     self.task_restarts = 0
     self._judged: dict[spec_lib.TaskId, int] = {}  # The start whose end was judged last.
 
+  @property
+  def chiefs(self) -> list[local.TaskHandle]:
+    """The chief replicas: `chief`, and its standby if the cluster has one."""
+    return [h for t, h in sorted(self.cluster.tasks.items())
+            if t.job == spec_lib.JobType.CHIEF] or [self.chief]
+
   def start(self) -> None:
-    self.chief.start()
+    for chief in self.chiefs:
+      chief.start()
 
   def poll(self) -> Outcome | None:
     """One round: restart what died; returns the outcome once the chief is done."""
     if self._stop.requested:
       return self._stop_chief()
+    chiefs = self.chiefs
     for task, handle in self.cluster.tasks.items():
-      if handle is self.chief or handle.alive or not handle.starts:
+      if handle in chiefs or handle.alive or not handle.starts:
         continue  # Not started: room for a worker that has not joined.
       self._judge(handle, serves=True)
       if task in self.held:
@@ -75,11 +85,18 @@ class Orchestrator:
                       task, handle.returncode, handle.address)
       handle.start()
       self.task_restarts += 1
-    code = self.chief.returncode
-    if code is None:
+    for chief in chiefs:
+      outcome = self._poll_chief(chief)
+      if outcome is not None:
+        return outcome
+    return None
+
+  def _poll_chief(self, chief: local.TaskHandle) -> Outcome | None:
+    code = chief.returncode
+    if code is None or not chief.starts:
       return None
-    self._judge(self.chief, serves=False)
-    if self.chief.task in self.held:
+    self._judge(chief, serves=False)
+    if chief.task in self.held:
       return None
     kind = policy.classify_exit(code)
     if kind is None:
@@ -87,13 +104,13 @@ class Orchestrator:
     now = time.monotonic()
     decision = self._policy.decide(kind, self._history, now)
     if decision.action == policy.Action.GIVE_UP:
-      reason = f"chief exited with code {code}: {decision.reason}"
-      logging.error("%s; not restarting. Log: %s", reason, self.chief.log_path)
+      reason = f"{chief.task} exited with code {code}: {decision.reason}"
+      logging.error("%s; not restarting. Log: %s", reason, chief.log_path)
       return Outcome(decision.exit_code, reason)
     self._history = self._history.restarted(now)
-    logging.warning("chief exited with retryable code %d; restart %d of %d",
-                    code, self.chief_restarts, self._policy.max_restarts)
-    self.chief.start()
+    logging.warning("%s exited with retryable code %d; restart %d of %d",
+                    chief.task, code, self.chief_restarts, self._policy.max_restarts)
+    chief.start()
     return None
 
   def _judge(self, handle: local.TaskHandle, *, serves: bool) -> None:
@@ -116,9 +133,13 @@ class Orchestrator:
   def _stop_chief(self) -> Outcome:
     name = signal.Signals(self._stop.signum).name
     logging.warning("%s: stopping the chief (it saves a checkpoint first)", name)
-    self.chief.kill(signal.SIGTERM)
-    try:
-      self.chief.wait(self._chief_stop_grace)
-    except TimeoutError:
-      logging.error("chief did not stop within %.0fs of %s", self._chief_stop_grace, name)
+    # Every replica at once: a standby stops at once, before the active lets go.
+    for chief in self.chiefs:
+      chief.kill(signal.SIGTERM)
+    for chief in self.chiefs:
+      try:
+        chief.wait(self._chief_stop_grace)
+      except TimeoutError:
+        logging.error("%s did not stop within %.0fs of %s", chief.task, self._chief_stop_grace,
+                      name)
     return Outcome(errors.exit_code_for_signal(self._stop.signum), f"stopped by {name}")

@@ -82,10 +82,12 @@ class Action(str, enum.Enum):
   WAIT_AND_RESTART = "wait_for_cluster_and_restart_coordinator"
   RESTART_WITHOUT_TASK = "restart_coordinator_without_task"
   GIVE_UP = "give_up"
+  # The standby chief replica starts its coordinator (`recovery.chief_replica`).
+  TAKE_OVER = "standby_chief_takes_over"
 
   @property
   def restarts_coordinator(self) -> bool:
-    return self in (Action.WAIT_AND_RESTART, Action.RESTART_WITHOUT_TASK)
+    return self in (Action.WAIT_AND_RESTART, Action.RESTART_WITHOUT_TASK, Action.TAKE_OVER)
 
 
 _ACTIONS = {

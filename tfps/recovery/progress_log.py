@@ -23,6 +23,8 @@ import os
 import time
 from typing import Iterable, Sequence
 
+from tfps.recovery import chief_lease
+
 FILE_NAME = "progress.jsonl"
 
 
@@ -49,6 +51,8 @@ class Progress:
   left_out: tuple[str, ...] = ()
   # On a `restored` record: the coordinator's process, for whoever watches it.
   pid: int | None = None
+  # The chief lease generation of the coordinator that wrote it (0: no lease).
+  generation: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,14 +99,28 @@ def loops_by_coordinator(records: Sequence[Progress]) -> list[tuple[Progress | N
 
 
 class ProgressLog:
-  def __init__(self, model_dir: str):
+  """The log of one `model_dir`.
+
+  With two chief replicas (`recovery.chief_lease`) a writer holds a `fence`:
+  an append raises `Superseded` once another replica took the lease. A
+  record of an older generation than one already read is dropped: a paused
+  coordinator's, written after the takeover it had not yet seen.
+  """
+
+  def __init__(self, model_dir: str, fence: chief_lease.Fence | None = None):
     self.path = os.path.join(model_dir, FILE_NAME)
     self._offset = 0
+    self._fence = fence
+    self._generation = 0  # The newest read.
 
   def append(self, step: int, *, restored: bool = False, now: float | None = None,
              chunks=None, reexecuted: int = 0, shard_lengths=None,
              looped: bool = False, warming: bool = False, left_out=(),
              pid: int | None = None) -> None:
+    generation = 0
+    if self._fence is not None:
+      self._fence.check(f"the progress record of step {step}")
+      generation = self._fence.generation
     record = {"step": int(step), "time": time.time() if now is None else now}
     if restored:
       record["restored"] = True
@@ -120,6 +138,8 @@ class ProgressLog:
       record["left_out"] = sorted(map(str, left_out))
     if pid is not None:
       record["pid"] = int(pid)
+    if generation:
+      record["generation"] = generation
     with open(self.path, "a", encoding="utf-8") as f:
       f.write(json.dumps(record) + "\n")
 
@@ -133,7 +153,10 @@ class ProgressLog:
           if not line.endswith(b"\n"):
             break  # A record still being written; read it next time.
           self._offset += len(line)
-          records.append(_record(json.loads(line)))
+          record = _record(json.loads(line))
+          if record.generation >= self._generation:
+            self._generation = record.generation
+            records.append(record)
     except FileNotFoundError:
       pass
     return records

@@ -12,7 +12,7 @@ The standby is only made once the current coordinator has trained (so it
 never takes CPU from a coordinator that is still starting, and a
 coordinator that fails at once, e.g. on bad input, is not shadowed by a
 process that would fail the same way), one at a time. It waits on its stdin:
-one JSON line `{"exclude_tasks": [...]}` says go; end of file (the
+one JSON line `{"exclude_tasks": [...], "lease_generation": N}` says go; end of file (the
 supervisor is gone) or a stop signal ends it without doing anything.
 
 Every coordinator's stderr passes through the supervisor (`OutputTail`), which
@@ -55,6 +55,7 @@ class Go:
   """What a standby is told when it takes over."""
 
   exclude_tasks: tuple[str, ...] = ()
+  lease_generation: int = 0  # The chief lease it runs under (`chief_lease`; 0: none).
 
 
 def mark_ready(path: str) -> None:
@@ -71,7 +72,9 @@ def wait_for_go(stop: signals.StopSignals, stdin: TextIO) -> Go | None:
     line = stdin.readline()
     if not line:
       return None  # The supervisor is gone (or closed us): nothing to do.
-    return Go(exclude_tasks=tuple(json.loads(line)["exclude_tasks"]))
+    fields = json.loads(line)
+    return Go(exclude_tasks=tuple(fields["exclude_tasks"]),
+              lease_generation=int(fields.get("lease_generation", 0)))
   return None
 
 
@@ -142,14 +145,19 @@ class WarmCoordinators:
                             env={**env, "TMPDIR": self._stdout_dir}, stdin=stdin)
     return _Child(process, path, output_tail.OutputTail(process.stderr, (2,), name=name))
 
-  def start(self, excluded: Sequence[str]) -> tuple[subprocess.Popen, bool]:
-    """The coordinator that runs next, and whether it was the warm standby."""
+  def start(self, excluded: Sequence[str], lease_generation: int = 0
+            ) -> tuple[subprocess.Popen, bool]:
+    """The coordinator that runs next, and whether it was the warm standby.
+
+    `command(excluded)` must give a cold one the same `lease_generation`."""
     excluded = tuple(sorted(excluded))
     if self._standby is not None:
       child, self._standby = self._standby, None
       if child.process.poll() is None:
         try:
-          child.process.stdin.write((json.dumps({"exclude_tasks": list(excluded)}) + "\n").encode())
+          child.process.stdin.write((json.dumps({
+              "exclude_tasks": list(excluded), "lease_generation": lease_generation}) + "\n"
+                                     ).encode())
           child.process.stdin.close()
           self._current, self.stdout_path = child, child.stdout_path
           return child.process, True

@@ -183,6 +183,7 @@ class _Ended:
   change: tuple | None = None
   lost: str | None = None
   killed: str | None = None
+  superseded: bool = False  # Another chief replica took the lease; we killed it.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +199,8 @@ class Supervisor:
   def __init__(self, config: SupervisorConfig, *, launcher: CoordinatorLauncher,
                cluster: ClusterProbes, event_log: events_lib.EventLog,
                stop: signals.StopSignals, watch: task_watch.TaskWatch | None = None,
-               clock: Callable[[], float] = time.monotonic):
+               clock: Callable[[], float] = time.monotonic,
+               superseded: Callable[[], bool] = lambda: False):
     """Args:
       launcher: starts the coordinators, says how each ended.
       cluster: probes the ps and workers, waits for them before a restart.
@@ -207,6 +209,9 @@ class Supervisor:
       watch: optional; every `probe_seconds` the reachable ps and workers go
         to it, and it says when to leave a worker out and take a task back.
       clock: seconds, for the budget, the deadlines and the events.
+      superseded: whether another chief replica took the lease
+        (`recovery.chief_lease`): the coordinator is killed at once, nothing
+        is restarted, and the run returns `SUPERSEDED`.
     """
     self._config = config
     self._launcher = launcher
@@ -215,6 +220,7 @@ class Supervisor:
     self._stop = stop
     self._watch = watch
     self._clock = clock
+    self._superseded = superseded
     self._history = policy_lib.RestartHistory()
     self.excluded: set = set()
 
@@ -231,9 +237,13 @@ class Supervisor:
       if given_up is not None:
         return given_up
     while True:
+      if self._superseded():
+        return self._superseded_result()
       process = self._launcher.start(attempt, frozenset(self.excluded))
       ended = self._wait(process)
       restarts = len(self._history.restarts)
+      if ended.superseded or ended.code == errors.ExitCode.SUPERSEDED:
+        return self._superseded_result()
       if self._stop.requested:
         reason = f"stopped by {signal.Signals(self._stop.signum).name}"
         return SupervisorResult(errors.exit_code_for_signal(self._stop.signum), restarts, reason)
@@ -247,6 +257,11 @@ class Supervisor:
       given_up = self._restart_after(kind, detail, ended.code, attempt)
       if given_up is not None:
         return dataclasses.replace(given_up, restarts=restarts)
+
+  def _superseded_result(self) -> SupervisorResult:
+    reason = "the other chief replica took the lease: this one stands by"
+    logging.warning("%s", reason)
+    return SupervisorResult(errors.ExitCode.SUPERSEDED, len(self._history.restarts), reason)
 
   def _record_change(self, what: task_watch.Change, task) -> None:
     """A coordinator stopped to change its cluster (a worker or ps left out or taken back)."""
@@ -384,6 +399,11 @@ class Supervisor:
       except subprocess.TimeoutExpired:
         pass
       now = self._clock()
+      if self._superseded():
+        # It may not write anything more (its own fence stops it too): no grace.
+        process.kill()
+        return _Ended(process.wait(timeout=10), change, superseded=True,
+                      killed="killed by the supervisor: the other chief replica took the lease")
       if state == CoordinatorState.RUNNING and self._stop.requested:
         logging.warning("passing %s to the coordinator (pid %d); it saves, then exits",
                         signal.Signals(self._stop.signum).name, process.pid)

@@ -66,7 +66,8 @@ def test_restart_policy_matches_the_exit_codes(documents):
     assert spec["restartPolicy"] == "ExitCode"
   retryable = {c for c in errors.ExitCode if c.retryable}
   assert retryable == {errors.ExitCode.INTERRUPTED, errors.ExitCode.PREEMPTED,
-                       errors.ExitCode.CLUSTER_LOST, errors.ExitCode.ADDRESS_IN_USE}
+                       errors.ExitCode.CLUSTER_LOST, errors.ExitCode.ADDRESS_IN_USE,
+                       errors.ExitCode.SUPERSEDED}
   assert all(c >= 128 for c in retryable)
   assert all(1 <= c < 128 for c in set(errors.ExitCode) - retryable - {errors.ExitCode.OK})
 

@@ -7,7 +7,7 @@ Job each, a pod per task), and no TF_CONFIG: every pod runs
 
   * Pod level (each Job's `podFailurePolicy`, pods `restartPolicy: Never`):
     exit 1 or 2 (a failure tfps will not get past, bad usage) fails the Job
-    at once; the retryable codes (130, 143, 170, 171) and a disruption
+    at once; the retryable codes (130, 143, 170, 171, 172) and a disruption
     (preemption, eviction, node drain: the `DisruptionTarget` condition)
     are ignored, so the Job replaces the pod, under the same name at a new
     address, without counting it; anything else (137 from the OOM killer, a

@@ -1,0 +1,114 @@
+"""One of two chief replicas: stand by until the lease is ours, then supervise.
+
+The decisions are `chief_lease.judge`'s; this is the loop that acts on them
+(`ChiefReplica.run`):
+
+  standing by   a warm coordinator kept imported (`stand_by`), the lease
+                read every `_POLL_SECONDS`; TAKE: take the next generation
+                and supervise; ENDED: leave with the run's code.
+  holding       `supervise(generation, superseded)` runs the usual supervisor
+                while a `LeaseKeeper` beats; superseded (the other replica
+                took over while this one was paused or cut off): its
+                coordinator is killed, and this replica stands by again.
+
+Replica 0 takes the first generation at once; replica 1 only once nobody
+has for `first_take_seconds`, so that with both up the run starts where it
+is expected to (`tfps chaos` faults name `chief:0`), and without replica 0
+it still starts.
+"""
+
+import time
+from typing import Callable
+
+from absl import logging
+
+from tfps.base import errors
+from tfps.base import signals
+from tfps.recovery import chief_lease
+from tfps.recovery import events as events_lib
+from tfps.recovery import policy
+from tfps.recovery import supervisor as supervisor_lib
+
+# How often a standby reads the lease: its share of a takeover's time.
+_POLL_SECONDS = 0.05
+_FIRST_TAKE_LEASES = 10  # Replica 1 waits this many leases for replica 0 to start the run.
+
+
+class ChiefReplica:
+  def __init__(self, store: chief_lease.LeaseStore, config: chief_lease.LeaseConfig, *,
+               replica: int, me: str, stop: signals.StopSignals,
+               event_log: events_lib.EventLog, clock: Callable[[], float] = time.monotonic):
+    self._store, self._config, self._replica, self._me = store, config, replica, me
+    self._stop, self._events, self._clock = stop, event_log, clock
+    self.generation: int | None = None  # The one this replica holds or held last.
+    self.ended_elsewhere = False  # The run ended on the other replica.
+
+  def run(self, supervise: Callable[[int, Callable[[], bool]], supervisor_lib.SupervisorResult],
+          stand_by: Callable[[], None]) -> supervisor_lib.SupervisorResult:
+    """Until the run ends here or on the other replica: the last supervisor's result,
+    the other replica's end, or a stop signal's."""
+    while True:
+      taken = self._wait_for_lease(stand_by)
+      if isinstance(taken, supervisor_lib.SupervisorResult):
+        return taken
+      self.generation = taken
+      keeper = chief_lease.LeaseKeeper(self._store, taken, self._config).start()
+      try:
+        result = supervise(taken, keeper.superseded.is_set)
+      finally:
+        keeper.stop()
+      if result.exit_code != errors.ExitCode.SUPERSEDED:
+        return result
+      self._events.append(events_lib.Event(
+          kind="action", task=f"chief:{self._replica}",
+          detail=f"lease generation {taken} superseded: coordinator stopped, standing by"))
+
+  def release(self, code: int) -> None:
+    """The run ended here with `code`: the standby leaves (0, 1, 2, 130) or takes over."""
+    if self.generation is not None and not self._store.superseded(self.generation):
+      self._store.end(self.generation, code)
+
+  def _wait_for_lease(self, stand_by: Callable[[], None]
+                      ) -> int | supervisor_lib.SupervisorResult:
+    watch, announced = chief_lease.BeatWatch(), None
+    while not self._stop.requested:
+      view = self._store.view(watch, self._clock())
+      verdict = chief_lease.judge(view, mine=None, lease_seconds=self._config.lease_seconds)
+      if (verdict == chief_lease.Verdict.TAKE and view.generation == 0 and self._replica > 0
+          and view.silent_seconds < _FIRST_TAKE_LEASES * self._config.lease_seconds):
+        verdict = chief_lease.Verdict.WAIT
+      if verdict == chief_lease.Verdict.TAKE:
+        if self._store.take(view.generation + 1, self._me):
+          self._took(view)
+          return view.generation + 1
+        continue  # The other replica was first: read again.
+      if verdict == chief_lease.Verdict.ENDED:
+        logging.info("the run ended on the other chief replica (exit code %d)", view.end_code)
+        self.ended_elsewhere = True
+        return supervisor_lib.SupervisorResult(errors.ExitCode(view.end_code), 0,
+                                               "the run ended on the other chief replica")
+      if announced != view.generation and view.generation:
+        announced = view.generation
+        logging.info("standing by: %s holds the chief lease (generation %d)",
+                     view.holder, view.generation)
+      stand_by()
+      self._stop.wait(_POLL_SECONDS)
+    return supervisor_lib.SupervisorResult(
+        errors.exit_code_for_signal(self._stop.signum), 0, "stopped while standing by")
+
+  def _took(self, view: chief_lease.LeaseView) -> None:
+    generation = view.generation + 1
+    if view.generation == 0:
+      logging.info("chief lease taken (generation 1): this replica coordinates")
+      return
+    why = (f"it let go (exit code {view.end_code})" if view.end_code is not None
+           else f"its heartbeat stopped {view.silent_seconds:.1f}s ago")
+    logging.warning("taking over from %s: %s; lease generation %d", view.holder, why,
+                    generation)
+    task = f"chief:{self._replica}"
+    self._events.append(events_lib.Event(
+        kind="failure", task=task, failure=policy.FailureKind.CHIEF_LOST.value,
+        detail=f"the active chief ({view.holder}) is gone: {why}"))
+    self._events.append(events_lib.Event(
+        kind="action", task=task, failure=policy.FailureKind.CHIEF_LOST.value,
+        action=policy.Action.TAKE_OVER.value, detail=f"standby chief takes lease generation {generation}"))
