@@ -36,6 +36,7 @@ EVERY_SETTING = {
     "grace_seconds": "21", "warm_standby": "false", "ps_failover": "false",
     "failover_graphs": "false",
     "ps_readmit": "timed", "ps_readmit_after": "12.5", "exclude_tasks": "worker:1",
+    "chief_lease_seconds": "2.5", "lease_generation": "3",
 }
 STEPS_OR_EPOCHS = ({"train_steps": "777"}, {"train_epochs": "2"})
 

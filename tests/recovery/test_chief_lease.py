@@ -39,6 +39,7 @@ def test_one_replica_takes_each_generation_and_the_view_reads_it(tmp_path):
   store, other = chief_lease.LeaseStore(str(tmp_path)), chief_lease.LeaseStore(str(tmp_path))
   watch = chief_lease.BeatWatch()
   assert store.view(watch, 0.0) == View(0)
+  assert store.view(watch, 2.0) == View(0, silent_seconds=2.0)  # Untaken that long.
   assert store.take(1, "chief:0 pid 1") and not other.take(1, "chief:1 pid 2")
   store.beat(1, 0)
   assert other.view(watch, 5.0) == View(1, "chief:0 pid 1")

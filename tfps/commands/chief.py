@@ -194,13 +194,15 @@ def supervise(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, *,
           watch=task_watch.TaskWatch(workers, watch_config, ps=list(probes.ps_addresses)),
       ).run()
 
-    replica = None
+    replica = sight = None
     if config.cluster.chief_standby:
+      sight = chief_replica.ClusterSight(config.cluster, list(probes.ps_addresses),
+                                         within=2 * spec.chief_lease_seconds).start()
       replica = chief_replica.ChiefReplica(
           chief_lease.LeaseStore(spec.model_dir),
           chief_lease.LeaseConfig(lease_seconds=spec.chief_lease_seconds,
                                   renew_seconds=min(0.1, spec.chief_lease_seconds / 4)),
-          replica=config.task.index, stop=stop, event_log=event_log,
+          replica=config.task.index, stop=stop, event_log=event_log, sees_cluster=sight,
           me=f"{config.task} ({config.address}, pid {os.getpid()})")
 
       def hold(generation: int, superseded) -> supervisor.SupervisorResult:
@@ -209,6 +211,7 @@ def supervise(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, *,
 
       result = replica.run(hold, stand_by=launcher.stand_by)
       launcher.close()
+      sight.stop()
     else:
       result = run_supervisor()
     code = result.exit_code

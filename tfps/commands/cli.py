@@ -127,9 +127,9 @@ flags.DEFINE_bool("new_address_on_restart", True,
                   "does (false: at the same address).")
 
 flags.DEFINE_bool("chief_standby", False,
-                  "tfps local/chaos: a second chief replica on a host of its own stands by, "
-                  "imported, and takes over when the first is lost (the cluster spec lists "
-                  "two chiefs; see --chief_lease_seconds).")
+                  "tfps local/chaos/k8s, run --cluster_from=jobset: a second chief replica on "
+                  "a host of its own stands by, imported, and takes over when the first is "
+                  "lost (the cluster spec lists two chiefs; see --chief_lease_seconds).")
 
 _section("local")
 
@@ -182,10 +182,11 @@ _HOST_ONLY = {"cluster_spec", "job_name", "task_index", "ps_hosts", "worker_host
               "exclude_tasks", "lease_generation", "run_spec", "result_file"}
 _CHIEF = [f for f in _sections["cluster"] if f not in _HOST_ONLY] + _sections["training"]
 COMMAND_FLAGS = {
-    "run": _sections["cluster"] + ["num_ps", "num_workers"] + _sections["training"],
+    "run": _sections["cluster"] + ["num_ps", "num_workers", "chief_standby"]
+           + _sections["training"],
     "local": _CHIEF + ["graph_cache_dir"] + _sections["local"],
     "chaos": _CHIEF + ["graph_cache_dir"] + _sections["local"] + _sections["chaos"],
-    "k8s": _CHIEF + ["num_ps", "num_workers"] + _sections["k8s"],
+    "k8s": _CHIEF + ["num_ps", "num_workers", "chief_standby"] + _sections["k8s"],
     "bench": ["model_dir", "num_ps", "num_workers", "global_batch_size", "steps_per_loop",
               "steps_per_closure", "checkpoint_interval", "min_shard_bytes", "train_steps",
               "seed", "isolate_network", "ready_timeout", "faults"] + _sections["bench"],

@@ -20,7 +20,7 @@ def run(flags) -> errors.ExitCode:
   spec = run_spec.from_flags(flags)
   config = config_lib.JobManifestConfig(
       name=flags.job, image=flags.image or "", num_ps=flags.num_ps,
-      num_workers=flags.num_workers,
+      num_workers=flags.num_workers, chief_standby=flags.chief_standby,
       model_dir=spec.model_dir or f"/model/{flags.job}",
       volume_claim=flags.volume_claim or None, grace_seconds=spec.grace_seconds,
       # Every setting of the run, from its spec's fields: none can be left out.

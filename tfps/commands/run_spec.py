@@ -147,11 +147,13 @@ class RunSpec(settings.LoopSettings):
     return cls(**raw)
 
   def to_flags(self, *, leave_out: frozenset[str] = frozenset()) -> list[str]:
-    """The spec as `tfps run` flags (None: the flag's default, not written)."""
+    """The spec as `tfps run` flags (None: the flag's default, not written); the
+    supervisor's own settings (`SUPERVISOR_SET`) only if set."""
     out = []
     for field in dataclasses.fields(self):
       value = getattr(self, field.name)
-      if field.name in leave_out or value is None or value == ():
+      if (field.name in leave_out or value is None or value == ()
+          or (field.name in SUPERVISOR_SET and value == field.default)):
         continue
       if isinstance(value, bool):
         text = "true" if value else "false"
@@ -167,6 +169,8 @@ class RunSpec(settings.LoopSettings):
     return out
 
 
+# Set by the supervisor for each coordinator it starts, never by users.
+SUPERVISOR_SET = frozenset({"exclude_tasks", "lease_generation"})
 # The coordinator's: its loop's settings (shared field for field) and these.
 _CHIEF_FIELDS = ("experiment", "experiment_params", "mode", "train_steps", "train_epochs",
                  *(f.name for f in dataclasses.fields(settings.LoopSettings)))

@@ -31,6 +31,11 @@ checkpoint into its own. What it cannot stop: a checkpoint write it had
 started before the takeover finishing afterwards (a complete checkpoint of
 its own lineage; see docs/recovery.md).
 
+A replica cut off from the cluster (no ps answers it) neither beats nor
+takes: the lease goes to a replica that can train, and when neither can,
+nobody takes it from a holder that will beat again once the cluster is back
+(`chief_replica`).
+
 `judge` decides, a pure function of what was read; `LeaseStore` reads and
 writes the files; `LeaseKeeper` renews the lease in a thread.
 """
@@ -139,8 +144,8 @@ class LeaseStore:
 
   def view(self, watch: BeatWatch, now: float) -> LeaseView:
     generation = self.latest()
-    if generation == 0:
-      return LeaseView(0)
+    if generation == 0:  # Nobody took it yet, for this long (as seen from here).
+      return LeaseView(0, silent_seconds=watch.silent_for(0, None, now))
     holder = _read(self._path("generation", generation))
     end = _read(self._path("end", generation))
     beat = _read(self._path("beat", generation))
@@ -193,8 +198,12 @@ class LeaseKeeper:
   """
 
   def __init__(self, store: LeaseStore, generation: int, config: LeaseConfig,
-               on_superseded: Callable[[], None] = lambda: None):
+               on_superseded: Callable[[], None] = lambda: None,
+               sees_cluster: Callable[[], bool] = lambda: True):
+    """`sees_cluster`: whether this replica reaches the cluster now; a holder cut
+    off from it skips its beats, so that a replica that reaches it takes over."""
     self.generation = generation
+    self._sees_cluster = sees_cluster
     self.superseded = threading.Event()
     self._store, self._config, self._on_superseded = store, config, on_superseded
     self._stopped = threading.Event()
@@ -212,8 +221,9 @@ class LeaseKeeper:
         self.superseded.set()
         self._on_superseded()
         return
-      self._store.beat(self.generation, count)
-      count += 1
+      if self._sees_cluster():
+        self._store.beat(self.generation, count)
+        count += 1
 
   def stop(self) -> None:
     self._stopped.set()

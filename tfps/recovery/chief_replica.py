@@ -11,19 +11,27 @@ The decisions are `chief_lease.judge`'s; this is the loop that acts on them
                 took over while this one was paused or cut off): its
                 coordinator is killed, and this replica stands by again.
 
+A replica takes and beats only while it sees the cluster (`ClusterSight`:
+some ps answered within a lease): a holder cut off from the ps and workers
+lets the lease lapse to one that is not; one whose ps are all down keeps it
+(the standby cannot see them either).
+
 Replica 0 takes the first generation at once; replica 1 only once nobody
 has for `first_take_seconds`, so that with both up the run starts where it
 is expected to (`tfps chaos` faults name `chief:0`), and without replica 0
 it still starts.
 """
 
+import threading
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 from absl import logging
 
 from tfps.base import errors
 from tfps.base import signals
+from tfps.cluster import readiness
+from tfps.cluster import spec as spec_lib
 from tfps.recovery import chief_lease
 from tfps.recovery import events as events_lib
 from tfps.recovery import policy
@@ -34,13 +42,48 @@ _POLL_SECONDS = 0.05
 _FIRST_TAKE_LEASES = 10  # Replica 1 waits this many leases for replica 0 to start the run.
 
 
+class ClusterSight:
+  """Whether some ps answered this process within `within` seconds: probed in a
+  thread every `within / 2` seconds (each probe bounded by that too)."""
+
+  def __init__(self, cluster: spec_lib.ClusterSpec, ps: Sequence[spec_lib.TaskId],
+               within: float, clock: Callable[[], float] = time.monotonic):
+    self._cluster, self._ps, self._within, self._clock = cluster, list(ps), within, clock
+    self._seen = clock()  # Until the first probe says otherwise.
+    self._stopped = threading.Event()
+    self._thread = threading.Thread(target=self._run, name="tfps-cluster-sight", daemon=True)
+
+  def start(self) -> "ClusterSight":
+    self._thread.start()
+    return self
+
+  def __call__(self) -> bool:
+    return self._clock() - self._seen < self._within
+
+  def _run(self) -> None:
+    period = self._within / 2
+    while not self._stopped.is_set():
+      began = self._clock()
+      if readiness.reachable(self._cluster, self._ps, period):
+        self._seen = self._clock()
+      self._stopped.wait(max(0.0, period - (self._clock() - began)))
+
+  def stop(self) -> None:
+    self._stopped.set()
+
+
 class ChiefReplica:
   def __init__(self, store: chief_lease.LeaseStore, config: chief_lease.LeaseConfig, *,
                replica: int, me: str, stop: signals.StopSignals,
-               event_log: events_lib.EventLog, clock: Callable[[], float] = time.monotonic):
+               event_log: events_lib.EventLog, clock: Callable[[], float] = time.monotonic,
+               sees_cluster: Callable[[], bool] = lambda: True):
     self._store, self._config, self._replica, self._me = store, config, replica, me
+    self._sees_cluster = sees_cluster
     self._stop, self._events, self._clock = stop, event_log, clock
     self.generation: int | None = None  # The one this replica holds or held last.
+    # An end written before this replica started is an earlier run's (this
+    # model_dir trained before, and is resumed now): not this run's end.
+    self._started_after = store.latest()
     self.ended_elsewhere = False  # The run ended on the other replica.
 
   def run(self, supervise: Callable[[int, Callable[[], bool]], supervisor_lib.SupervisorResult],
@@ -52,7 +95,8 @@ class ChiefReplica:
       if isinstance(taken, supervisor_lib.SupervisorResult):
         return taken
       self.generation = taken
-      keeper = chief_lease.LeaseKeeper(self._store, taken, self._config).start()
+      keeper = chief_lease.LeaseKeeper(self._store, taken, self._config,
+                                       sees_cluster=self._sees_cluster).start()
       try:
         result = supervise(taken, keeper.superseded.is_set)
       finally:
@@ -74,9 +118,14 @@ class ChiefReplica:
     while not self._stop.requested:
       view = self._store.view(watch, self._clock())
       verdict = chief_lease.judge(view, mine=None, lease_seconds=self._config.lease_seconds)
-      if (verdict == chief_lease.Verdict.TAKE and view.generation == 0 and self._replica > 0
+      fresh = self._fresh(view)
+      if verdict == chief_lease.Verdict.ENDED and fresh:
+        verdict = chief_lease.Verdict.TAKE
+      if (verdict == chief_lease.Verdict.TAKE and fresh and self._replica > 0
           and view.silent_seconds < _FIRST_TAKE_LEASES * self._config.lease_seconds):
         verdict = chief_lease.Verdict.WAIT
+      if verdict == chief_lease.Verdict.TAKE and not self._sees_cluster():
+        verdict = chief_lease.Verdict.WAIT  # Cut off too: taking it would help nobody.
       if verdict == chief_lease.Verdict.TAKE:
         if self._store.take(view.generation + 1, self._me):
           self._took(view)
@@ -96,10 +145,16 @@ class ChiefReplica:
     return supervisor_lib.SupervisorResult(
         errors.exit_code_for_signal(self._stop.signum), 0, "stopped while standing by")
 
+  def _fresh(self, view: chief_lease.LeaseView) -> bool:
+    """Whether taking the lease now starts this run: never taken, or last ended by an
+    earlier run in this model_dir (before this replica started)."""
+    return view.generation == 0 or (view.end_code is not None
+                                    and view.generation <= self._started_after)
+
   def _took(self, view: chief_lease.LeaseView) -> None:
     generation = view.generation + 1
-    if view.generation == 0:
-      logging.info("chief lease taken (generation 1): this replica coordinates")
+    if self._fresh(view):  # This run's start: nobody is replaced.
+      logging.info("chief lease taken (generation %d): this replica coordinates", generation)
       return
     why = (f"it let go (exit code {view.end_code})" if view.end_code is not None
            else f"its heartbeat stopped {view.silent_seconds:.1f}s ago")

@@ -164,3 +164,33 @@ def test_a_pod_on_a_lost_node_is_replaced_after_seconds_not_minutes(documents):
     for taint in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
       assert tolerations[taint]["effect"] == "NoExecute"
       assert tolerations[taint]["tolerationSeconds"] < 300  # Kubernetes' default.
+
+
+def test_a_standby_chief_is_a_second_chief_pod_that_derives_the_same_cluster(tfps):
+  result = tfps(["k8s", "--image=img", "--job=j", "--chief_standby", "--num_workers=2"])
+  assert result.returncode == 0, result.stderr
+  manifest, _ = yaml.safe_load_all(result.stdout)
+  k8s_schemas.validate_jobset(manifest)
+  chief = _rjobs(manifest)["chief"]["template"]["spec"]
+  assert (chief["completions"], chief["parallelism"]) == (2, 2)
+  (container,) = _pod(_rjobs(manifest)["chief"])["containers"]
+  assert "--chief_standby" in container["args"]
+  assert not any(a.startswith(("--lease_generation", "--exclude_tasks"))
+                 for a in container["args"])  # The supervisor's own, never rendered.
+  # What each chief pod derives from its env: two chiefs, this one the second.
+  from tfps.cluster.k8s import jobset_env  # pylint: disable=import-outside-toplevel
+  layout = jobset_env.JobSetLayout(num_ps=2, num_workers=2, chief_standby=True)
+  env = {"JOBSET_NAME": "j", "REPLICATED_JOB_NAME": "chief", "JOB_INDEX": "0",
+         "JOB_COMPLETION_INDEX": "1", "HOSTNAME": "j-chief-0-1"}
+  config = jobset_env.task_config(env, layout)
+  assert config.cluster.addresses(jobset_env.spec_lib.JobType.CHIEF) == (
+      "j-chief-0-0.j:2222", "j-chief-0-1.j:2222")
+  assert str(config.task) == "chief:1" and config.cluster.chief_standby
+  with pytest.raises(jobset_env.JobSetEnvError, match=r"\(--chief_standby: 2\)"):
+    jobset_env.task_config({**env, "JOB_COMPLETION_INDEX": "2", "HOSTNAME": ""}, layout)
+
+
+def test_the_tfjob_format_refuses_a_standby_chief(tfps):
+  result = tfps(["k8s", "--format=tfjob", "--image=img", "--chief_standby"])
+  assert result.returncode == 2 and "chief_standby" in result.stderr
+  assert len(result.stderr.strip().splitlines()) == 1

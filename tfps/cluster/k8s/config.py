@@ -38,6 +38,8 @@ class JobManifestConfig:
     grace_seconds: tfps `--grace_seconds` (Spot pods get about 15).
     extra_flags: more `tfps run` flags (experiment, steps, ...).
     cpu, memory: resource requests per pod.
+    chief_standby: a second chief pod stands by and takes over when the
+      first is lost (`recovery.chief_lease`; JobSet only).
   """
 
   name: str
@@ -51,6 +53,7 @@ class JobManifestConfig:
   extra_flags: tuple[str, ...] = ()
   cpu: str = "1"
   memory: str = "2Gi"
+  chief_standby: bool = False
 
   def __post_init__(self):
     if not _DNS_LABEL.fullmatch(self.name):

@@ -95,13 +95,14 @@ def _replicated_job(config: config_lib.JobManifestConfig,
 def _layout(config: config_lib.JobManifestConfig) -> jobset_env.JobSetLayout:
   """What the pods are told on their command line, and the replica count of each role."""
   return jobset_env.JobSetLayout(num_ps=config.num_ps, num_workers=config.num_workers,
-                                 port=config_lib.TF_PORT)
+                                 port=config_lib.TF_PORT, chief_standby=config.chief_standby)
 
 
 def _container(config: config_lib.JobManifestConfig, role: spec_lib.JobType) -> dict:
   layout = _layout(config)
   cluster_args = ("--cluster_from=jobset", f"--num_ps={layout.num_ps}",
-                  f"--num_workers={layout.num_workers}", f"--task_port={layout.port}")
+                  f"--num_workers={layout.num_workers}", f"--task_port={layout.port}",
+                  *(("--chief_standby",) if layout.chief_standby else ()))
   env = tuple(
       {"name": name, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
       for name, label in jobset_env.LABELS.items())

@@ -20,7 +20,8 @@ the downward API; Kubernetes sets the fourth in every pod of an Indexed Job):
                          names derived for the other tasks would be wrong too)
 
 A pod cannot see how many others there are: the replica counts are flags
-(`--num_ps`, `--num_workers`), rendered into every pod's command. Names, not
+(`--num_ps`, `--num_workers`, and `--chief_standby` for a second chief pod,
+`chief:1`, the standby), rendered into every pod's command. Names, not
 addresses: a pod restarted at a new IP keeps its name, and the others reach it
 through DNS. Pure: the caller passes the environment in.
 """
@@ -58,6 +59,7 @@ class JobSetLayout:
   num_ps: int
   num_workers: int
   port: int = 2222
+  chief_standby: bool = False  # Two chief pods: an active chief and its standby.
 
   def __post_init__(self):
     for field in ("num_ps", "num_workers"):
@@ -67,7 +69,8 @@ class JobSetLayout:
       raise JobSetEnvError(f"--task_port ({self.port}) is out of range 1-65535")
 
   def count(self, role: spec_lib.JobType) -> int:
-    return {spec_lib.JobType.CHIEF: 1, spec_lib.JobType.PS: self.num_ps,
+    return {spec_lib.JobType.CHIEF: 2 if self.chief_standby else 1,
+            spec_lib.JobType.PS: self.num_ps,
             spec_lib.JobType.WORKER: self.num_workers}[role]
 
 
@@ -104,7 +107,7 @@ def task_config(env: Mapping[str, str], layout: JobSetLayout) -> spec_lib.TaskCo
   count = layout.count(role)
   if index >= count:
     flag = {spec_lib.JobType.PS: "--num_ps", spec_lib.JobType.WORKER: "--num_workers"}.get(
-        role, "the one chief")
+        role, "the chief replicas (--chief_standby: 2)")
     raise JobSetEnvError(f"{JOB_COMPLETION_INDEX} ({index}) of {role.value} is not below "
                          f"{flag} ({count})")
   expected = pod_name(jobset, role, index)

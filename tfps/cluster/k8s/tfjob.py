@@ -15,6 +15,7 @@ failures. Unset, retryable codes restart pods and a permanent code (1, 2)
 fails the job, which is the contract tfps wants.
 """
 
+from tfps.base import errors
 from tfps.cluster.k8s import config as config_lib
 from tfps.cluster.k8s import pods
 
@@ -23,6 +24,10 @@ CONTAINER = "tensorflow"  # The container name the training operator writes TF_C
 
 def render(config: config_lib.JobManifestConfig) -> list[dict]:
   """The TFJob and its NetworkPolicy, as plain dicts (dump as YAML or JSON)."""
+  if config.chief_standby:
+    # The operator writes one TF_CONFIG for a single chief replica.
+    raise errors.UsageError("chief_standby: the TFJob format has one chief; "
+                            "use --format=jobset for a standby chief")
   replicas = {"Chief": 1, "PS": config.num_ps, "Worker": config.num_workers}
   tfjob = {
       "apiVersion": "kubeflow.org/v1",

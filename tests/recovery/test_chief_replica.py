@@ -1,0 +1,122 @@
+"""A chief replica's loop (tfps.recovery.chief_replica) on a real lease store, a fake clock,
+a stand-in supervisor; no TF, no processes."""
+
+import signal
+
+from tfps.base import errors
+from tfps.base import signals
+from tfps.recovery import chief_lease
+from tfps.recovery import chief_replica
+from tfps.recovery import events
+from tfps.recovery import supervisor
+
+Result = supervisor.SupervisorResult
+
+
+class Clock:
+  """Each reading is `step` seconds after the last: the standby's polls pass time."""
+
+  def __init__(self, step=0.25):
+    self.now, self.step = 0.0, step
+
+  def __call__(self):
+    self.now += self.step
+    return self.now
+
+
+def replica(tmp_path, index, *, sees=lambda: True, stop=None):
+  return chief_replica.ChiefReplica(
+      chief_lease.LeaseStore(str(tmp_path)), chief_lease.LeaseConfig(1.0, 0.01),
+      replica=index, me=f"chief:{index}", stop=stop or signals.StopSignals(),
+      event_log=events.EventLog(str(tmp_path)), clock=Clock(), sees_cluster=sees)
+
+
+def test_the_first_replica_takes_the_lease_at_once_and_its_end_is_written(tmp_path):
+  held = []
+  chief, other = replica(tmp_path, 0), replica(tmp_path, 1)  # Both start with the run.
+  result = chief.run(lambda generation, superseded: held.append(generation) or
+                     Result(errors.ExitCode.OK, 0, "finished"), stand_by=lambda: None)
+  assert held == [1] and result.exit_code == errors.ExitCode.OK
+  chief.release(result.exit_code)
+  # The standby, seeing the end, leaves with the run's code without taking anything.
+  ended = other.run(lambda *_: Result(errors.ExitCode.PERMANENT, 0, "must not run"),
+                    stand_by=lambda: None)
+  assert ended.exit_code == errors.ExitCode.OK and other.ended_elsewhere
+  assert chief_lease.LeaseStore(str(tmp_path)).latest() == 1
+
+
+def test_a_standby_takes_over_a_silent_holder_and_records_it(tmp_path):
+  store = chief_lease.LeaseStore(str(tmp_path))
+  store.take(1, "chief:0 (gone)")
+  store.beat(1, 7)  # Never again: its holder was killed.
+  stand_bys, held = [], []
+  standby = replica(tmp_path, 1)
+  result = standby.run(lambda generation, superseded: held.append(generation) or
+                       Result(errors.ExitCode.OK, 0, "finished"),
+                       stand_by=lambda: stand_bys.append(1))
+  assert held == [2] and result.exit_code == errors.ExitCode.OK
+  assert 3 <= len(stand_bys) <= 5  # A lease of 1 s at 0.25 s a reading.
+  log = events.EventLog(str(tmp_path)).read()
+  assert [e.action for e in log] == [None, "standby_chief_takes_over"]
+  assert "heartbeat stopped" in log[0].detail and log[0].failure == "chief_lost"
+
+
+def test_a_replica_cut_off_from_the_cluster_neither_takes_nor_beats(tmp_path):
+  store = chief_lease.LeaseStore(str(tmp_path))
+  store.take(1, "chief:0")
+  stop = signals.StopSignals()
+  polls = []
+
+  def stand_by():
+    polls.append(1)
+    if len(polls) == 20:  # 5 s of silence by its clock: long past the lease.
+      stop._handle(signal.SIGTERM, None)
+
+  result = replica(tmp_path, 1, sees=lambda: False, stop=stop).run(
+      lambda *_: Result(errors.ExitCode.OK, 0, "must not run"), stand_by=stand_by)
+  assert result.exit_code == errors.ExitCode.PREEMPTED and store.latest() == 1
+  keeper = chief_lease.LeaseKeeper(store, 1, chief_lease.LeaseConfig(1.0, 0.01),
+                                   sees_cluster=lambda: False).start()
+  threading_wait = __import__("threading").Event().wait
+  threading_wait(0.2)  # ~20 renewals skipped.
+  keeper.stop()
+  assert (tmp_path / chief_lease.DIR_NAME / "beat-000001").read_text() == "0"
+
+
+def test_a_superseded_holder_stands_by_and_takes_over_again_later(tmp_path):
+  store = chief_lease.LeaseStore(str(tmp_path))
+  held = []
+
+  def hold(generation, superseded):
+    held.append(generation)
+    if generation == 1:  # Paused past its lease; the other replica took generation 2 ...
+      store.take(2, "chief:1")
+      store.beat(2, 1)  # ... and was then killed: it beats no more.
+      return Result(errors.ExitCode.SUPERSEDED, 0, "superseded")
+    return Result(errors.ExitCode.OK, 0, "finished")
+
+  result = replica(tmp_path, 0).run(hold, stand_by=lambda: None)
+  assert held == [1, 3] and result.exit_code == errors.ExitCode.OK
+  assert any("generation 1 superseded" in e.detail
+             for e in events.EventLog(str(tmp_path)).read())
+
+
+def test_the_second_replica_leaves_the_first_generation_to_the_first(tmp_path):
+  held = []
+  result = replica(tmp_path, 1).run(
+      lambda generation, superseded: held.append(generation) or
+      Result(errors.ExitCode.OK, 0, "finished"), stand_by=lambda: None)
+  # Nobody took it for 10 leases (the first replica never started): then it does.
+  assert held == [1] and result.exit_code == errors.ExitCode.OK
+
+
+def test_an_earlier_run_s_end_does_not_end_a_resumed_run(tmp_path):
+  store = chief_lease.LeaseStore(str(tmp_path))
+  store.take(4, "chief:1 (the last run)")
+  store.end(4, errors.ExitCode.OK)  # That run finished; this model_dir is resumed now.
+  held = []
+  result = replica(tmp_path, 0).run(
+      lambda generation, superseded: held.append(generation) or
+      Result(errors.ExitCode.OK, 0, "finished"), stand_by=lambda: None)
+  assert held == [5] and result.exit_code == errors.ExitCode.OK
+  assert events.EventLog(str(tmp_path)).read() == []  # A start, not a takeover.
