@@ -70,3 +70,25 @@ def test_notice_is_validated():
 def test_control_address_is_chief_port_plus_one():
   cluster = spec_lib.ClusterSpec.from_dict({"chief": ["c:2222"], "ps": ["p:2222"]})
   assert notices.control_address(cluster) == "c:2223"
+
+
+def test_with_a_standby_chief_the_notice_goes_to_the_replica_that_answers(address):
+  # Only the coordinating replica serves the control channel: the standby's
+  # port refuses at once, and the notice goes on to the next chief.
+  standby = f"localhost:{portpicker.pick_unused_port()}"
+  server = notices.ControlServer(
+      address, lambda notice: notices.Reply(saved=True, step=7, detail="saved")).start()
+  try:
+    answered, reply = notices.send_to_chiefs(
+        (standby, address), notices.Notice(task="worker:1", deadline_seconds=30))
+  finally:
+    server.stop()
+  assert (answered, reply.step) == (address, 7)
+  with pytest.raises(grpc.RpcError) as raised:  # Nobody answers: the last one's error.
+    notices.send_to_chiefs((standby,), notices.Notice(task="worker:1", deadline_seconds=5))
+  assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_every_chief_replica_has_a_control_address():
+  cluster = spec_lib.ClusterSpec.from_dict({"chief": ["c0:2222", "c1:2222"], "ps": ["p:2222"]})
+  assert notices.control_addresses(cluster) == ("c0:2223", "c1:2223")

@@ -126,8 +126,10 @@ class _CoordinatorLauncher:
       self._coordinators.prepare()
 
   def stand_by(self) -> None:
-    """A standby chief replica: its coordinator imported and waiting, from the start."""
-    self._coordinators.prepare()
+    """A standby chief replica: its coordinator imported and waiting, once the holder's
+    coordinator has trained (its import would slow that one's start on a shared host)."""
+    if self.trained():
+      self._coordinators.prepare()
 
   def exit_report(self) -> exit_report.ExitReport | None:
     return exit_report.take(self.report_path)

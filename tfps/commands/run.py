@@ -56,7 +56,7 @@ def run(flags) -> errors.ExitCode:
       code = server.serve(config, stop, server.ServerOptions(
           inter_op_threads=flags.inter_op_threads, intra_op_threads=flags.intra_op_threads,
           thread_spinning=flags.thread_spinning, grace_seconds=flags.grace_seconds,
-          control_address=_control_address(config) if flags.preemption_notice else None,
+          control_addresses=_control_addresses(config) if flags.preemption_notice else (),
           graph_cache_root=graph_cache_root(flags.graph_cache_dir),
           tf_runtime_only=flags.tf_runtime_only))
       stderr_filter.close()
@@ -75,7 +75,6 @@ def run(flags) -> errors.ExitCode:
     stderr_filter.close()
 
 
-def _control_address(config: spec_lib.TaskConfig) -> str | None:
-  if not config.cluster.addresses(spec_lib.JobType.CHIEF):
-    return None  # No chief listed: nobody to warn.
-  return notices.control_address(config.cluster)
+def _control_addresses(config: spec_lib.TaskConfig) -> tuple[str, ...]:
+  """Every chief replica's (none listed: nobody to warn)."""
+  return notices.control_addresses(config.cluster)

@@ -53,7 +53,8 @@ class ServerOptions:
     grace_seconds: time between SIGTERM and the hard kill (GKE Spot pods
       ~15 s, Spot VMs ~30 s). On SIGTERM the task warns the chief and stays
       up, at most this long less a safety margin, while the chief saves.
-    control_address: the chief's control channel; None disables the notice.
+    control_addresses: the control channel of each chief replica (the one that
+      coordinates answers); none disables the notice.
     graph_cache_root: a worker keeps the function graphs TensorFlow optimized
       for it in a directory of its own under this one, for the next
       coordinator (`graph_cache`); None: it does not.
@@ -65,7 +66,7 @@ class ServerOptions:
   intra_op_threads: int | None = None
   thread_spinning: bool = False
   grace_seconds: float = 15.0
-  control_address: str | None = None
+  control_addresses: tuple[str, ...] = ()
   graph_cache_root: str | None = None
   tf_runtime_only: bool = True
 
@@ -139,7 +140,7 @@ def serve(config: spec_lib.TaskConfig, stop: StopSignals,
       graph_cache.prune(cache)
   else:
     stop.wait()
-  if stop.signum == signal.SIGTERM and options.control_address:
+  if stop.signum == signal.SIGTERM and options.control_addresses:
     _warn_chief(config.task, options)
   code = errors.exit_code_for_signal(stop.signum)
   logging.info("%s stopping on %s: exit code %d", config.task,
@@ -163,10 +164,11 @@ def _warn_chief(task: spec_lib.TaskId, options: ServerOptions) -> None:
   notice = notices.Notice(task=str(task), deadline_seconds=options.notice_deadline)
   start = time.monotonic()
   try:
-    reply = notices.send_notice(options.control_address, notice)
+    _, reply = notices.send_to_chiefs(options.control_addresses, notice)
   except grpc.RpcError as e:  # No chief, or it did not answer in time: go anyway.
     logging.warning("%s: preemption notice to the chief at %s not answered (%s) after %.1fs",
-                    task, options.control_address, e.code().name, time.monotonic() - start)
+                    task, " or ".join(options.control_addresses), e.code().name,
+                    time.monotonic() - start)
     return
   logging.info("%s: chief %s after %.1fs (%s)", task,
                "saved a checkpoint" if reply.saved else "did not save",

@@ -12,14 +12,16 @@ handler, JSON bytes both ways), so no generated code is needed:
   response {"saved": true, "step": 1200, "detail": "..."}
 
 The control server listens on the chief's host at the chief's TF port + 1
-unless told otherwise (`control_address`). It is unauthenticated like the TF
+unless told otherwise (`control_address`). With a standby chief only the
+replica that coordinates serves it: a task tries each replica's, and the
+other refuses at once (`send_to_chiefs`). It is unauthenticated like the TF
 servers; the same firewall rules apply.
 """
 
 import concurrent.futures
 import dataclasses
 import json
-from typing import Callable
+from typing import Callable, Sequence
 
 import grpc
 
@@ -55,8 +57,17 @@ def control_address(cluster: spec_lib.ClusterSpec) -> str:
   chief = cluster.addresses(spec_lib.JobType.CHIEF)
   if not chief:
     raise spec_lib.ClusterSpecError("cluster.chief: no chief, so no control channel")
-  host, _, port = chief[0].rpartition(":")
+  return _next_port(chief[0])
+
+
+def _next_port(address: str) -> str:
+  host, _, port = address.rpartition(":")
   return f"{host}:{int(port) + 1}"
+
+
+def control_addresses(cluster: spec_lib.ClusterSpec) -> tuple[str, ...]:
+  """Every chief replica's control address (a standby chief: two)."""
+  return tuple(map(_next_port, cluster.addresses(spec_lib.JobType.CHIEF)))
 
 
 class ControlServer:
@@ -107,6 +118,27 @@ def send_notice(address: str, notice: Notice) -> Reply:
     reply = call(dataclasses.asdict(notice), timeout=notice.deadline_seconds,
                  wait_for_ready=False)
   return Reply(**reply)
+
+
+def send_to_chiefs(addresses: Sequence[str], notice: Notice) -> tuple[str, Reply]:
+  """Tells whichever chief replica coordinates: the first of `addresses` that does
+  not refuse (only the coordinating one serves the channel). Returns it and its reply.
+
+  Raises:
+    grpc.RpcError: the last address's error when none answered; a chief that
+      took the notice but did not answer in time (DEADLINE_EXCEEDED) at once.
+  """
+  error = None
+  for address in addresses:
+    try:
+      return address, send_notice(address, notice)
+    except grpc.RpcError as e:
+      if e.code() != grpc.StatusCode.UNAVAILABLE:
+        raise
+      error = e
+  if error is None:
+    raise ValueError("send_to_chiefs: no chief address")
+  raise error
 
 
 def _encode(message: dict) -> bytes:
