@@ -140,3 +140,13 @@ def test_an_exit_report_refines_only_a_permanent_exit(code, reported, kind):
 def test_policy_validation_names_field_and_value(kwargs, message):
   with pytest.raises(ValueError, match=message):
     policy.RestartPolicy(**kwargs)
+
+
+def test_a_standby_chief_takes_over_without_the_ps_that_do_not_answer_if_others_do():
+  ps = frozenset({"ps:0", "ps:1"})
+  failover = policy.RestartPolicy(ps_failover=True)
+  assert failover.left_out_at_takeover(ps, frozenset({"ps:1"})) == {"ps:1"}
+  assert failover.left_out_at_takeover(ps, ps) == frozenset()  # None answers: wait for all.
+  assert failover.left_out_at_takeover(ps, frozenset()) == frozenset()
+  assert policy.RestartPolicy(ps_failover=False).left_out_at_takeover(
+      ps, frozenset({"ps:1"})) == frozenset()

@@ -187,14 +187,16 @@ def supervise(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, *,
   with scratch_lib.ScratchDir("tfps-chief-") as scratch:
     launcher = _CoordinatorLauncher(config, spec, scratch, event_log)
 
-    def run_supervisor(superseded=lambda: False) -> supervisor.SupervisorResult:
-      return supervisor.Supervisor(
+    def run_supervisor(superseded=lambda: False, left_out=frozenset()
+                       ) -> supervisor.SupervisorResult:
+      made = supervisor.Supervisor(
           supervisor_config, launcher=launcher, cluster=probes, event_log=event_log,
           stop=stop, superseded=superseded,
           # The ps are probed too: a chief that sees no ps is itself cut off, and
           # then no worker is to blame; and a ps left out is taken back (task_watch).
-          watch=task_watch.TaskWatch(workers, watch_config, ps=list(probes.ps_addresses)),
-      ).run()
+          watch=task_watch.TaskWatch(workers, watch_config, ps=list(probes.ps_addresses)))
+      made.excluded = set(left_out)
+      return made.run()
 
     replica = sight = None
     if config.cluster.chief_standby:
@@ -209,7 +211,15 @@ def supervise(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, *,
 
       def hold(generation: int, superseded) -> supervisor.SupervisorResult:
         launcher.lease_generation = generation
-        return run_supervisor(superseded)
+        # A takeover finds the cluster as the last holder left it: a ps it ran
+        # without (failed over) is not waited for, the task watch takes it back.
+        ps = frozenset(probes.ps_addresses)
+        left_out = (supervisor_config.policy.left_out_at_takeover(ps, ps - probes.reachable())
+                    if generation > 1 else frozenset())
+        if left_out:
+          logging.warning("taking over without %s: not answering (ps failover)",
+                          ", ".join(sorted(map(str, left_out))))
+        return run_supervisor(superseded, left_out)
 
       result = replica.run(hold, stand_by=launcher.stand_by)
       launcher.close()

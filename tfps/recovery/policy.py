@@ -184,6 +184,12 @@ class RestartPolicy:
     if self.window_seconds <= 0:
       raise ValueError(f"window_seconds ({self.window_seconds}) must be positive")
 
+  def left_out_at_takeover(self, ps: frozenset, ps_down: frozenset) -> frozenset:
+    """The ps a standby chief's first coordinator goes without: with ps failover,
+    those that do not answer while others do (the last holder's coordinator may
+    have run without them); else none: every ps is waited for."""
+    return frozenset(ps_down) if self.ps_failover and ps_down and ps - ps_down else frozenset()
+
   def decide(self, kind: FailureKind, history: RestartHistory, now: float, *,
              ps: frozenset = frozenset(), ps_down: frozenset = frozenset()) -> Decision:
     """The action for a failure of `kind`.

@@ -175,6 +175,13 @@ def test_a_standby_chief_is_a_second_chief_pod_that_derives_the_same_cluster(tfp
   assert (chief["completions"], chief["parallelism"]) == (2, 2)
   (container,) = _pod(_rjobs(manifest)["chief"])["containers"]
   assert "--chief_standby" in container["args"]
+  # The two chief pods on two nodes; the ps and workers anywhere.
+  (apart,) = _pod(_rjobs(manifest)["chief"])["affinity"]["podAntiAffinity"][
+      "requiredDuringSchedulingIgnoredDuringExecution"]
+  assert apart["topologyKey"] == "kubernetes.io/hostname"
+  assert apart["labelSelector"]["matchLabels"] == {
+      "jobset.sigs.k8s.io/jobset-name": "j", "jobset.sigs.k8s.io/replicatedjob-name": "chief"}
+  assert "affinity" not in _pod(_rjobs(manifest)["worker"])
   assert not any(a.startswith(("--lease_generation", "--exclude_tasks"))
                  for a in container["args"])  # The supervisor's own, never rendered.
   # What each chief pod derives from its env: two chiefs, this one the second.

@@ -82,7 +82,8 @@ def _replicated_job(config: config_lib.JobManifestConfig,
       "podFailurePolicy": {"rules": _pod_failure_rules()},
       "template": {
           "metadata": {"labels": pods.job_labels(config)},
-          "spec": pods.pod_spec(config, _container(config, role), restartPolicy="Never"),
+          "spec": pods.pod_spec(config, _container(config, role), restartPolicy="Never",
+                                **_apart(config, role)),
       },
   }
   if role == spec_lib.JobType.WORKER:
@@ -90,6 +91,16 @@ def _replicated_job(config: config_lib.JobManifestConfig,
   else:
     job_spec["backoffLimit"] = BACKOFF_LIMIT
   return {"name": role.value, "replicas": 1, "template": {"spec": job_spec}}
+
+
+def _apart(config: config_lib.JobManifestConfig, role: spec_lib.JobType) -> dict:
+  """A standby chief on another node than the chief: one node loss cannot take both."""
+  if role != spec_lib.JobType.CHIEF or not config.chief_standby:
+    return {}
+  chiefs = {"matchLabels": {jobset_env.LABELS[jobset_env.JOBSET_NAME]: config.name,
+                            jobset_env.LABELS[jobset_env.REPLICATED_JOB_NAME]: role.value}}
+  return {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+      {"labelSelector": chiefs, "topologyKey": "kubernetes.io/hostname"}]}}}
 
 
 def _layout(config: config_lib.JobManifestConfig) -> jobset_env.JobSetLayout:
