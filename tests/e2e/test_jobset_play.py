@@ -3,9 +3,11 @@
 `player` runs every pod of a `tfps k8s` JobSet (or TFJob) on a virtual host
 named as the platform names it, with the env the pod would get, and does
 what the controllers would do when a pod ends (read from the manifest). In
-the JobSet, a worker and the chief are SIGKILLed in turn, each once training
-has gone on after the previous one; each comes back as a new pod at a new
-address under its name, and the job must train to the end. (The ps pod's
+the JobSet, rendered with a standby chief (two chief pods), a worker and the
+active chief are SIGKILLed in turn, each once training has gone on after the
+previous one: the standby chief pod takes over, each killed pod comes back as
+a new pod at a new address under its name (the chief's as the standby), and
+the job must train to the end and succeed with both chief pods done. (The ps pod's
 rules are tested on their own, tests/cluster/k8s/test_jobset_policy.py; a ps
 loss's recovery in e2e/test_ps_failover.py.) A bad value
 of a flag must end the job at once, without a retry. The legacy TFJob trains
@@ -13,6 +15,7 @@ through a worker SIGKILL the same way. Skipped where network namespaces
 cannot be made.
 """
 
+import json
 import os
 import signal
 
@@ -50,10 +53,11 @@ def _needs_virtual_hosts():
     pytest.skip(f"virtual hosts unavailable: {reason}")
 
 
-def _manifest(volume: str, *flags: str, render=jobset.render) -> dict:
+def _manifest(volume: str, *flags: str, render=jobset.render, chief_standby=False) -> dict:
   return render(config_lib.JobManifestConfig(
       name="play", image="unused", num_ps=1, num_workers=2, model_mount=volume,
-      model_dir=f"{volume}/run", grace_seconds=5, extra_flags=flags))[0]
+      model_dir=f"{volume}/run", grace_seconds=5, extra_flags=flags,
+      chief_standby=chief_standby))[0]
 
 
 class _KillSchedule:
@@ -80,13 +84,17 @@ def test_the_jobset_trains_to_the_end_through_a_worker_and_a_chief_sigkill(tmp_p
   volume = str(tmp_path / "volume")
   os.makedirs(f"{volume}/run")
   schedule = _KillSchedule(f"{volume}/run", KILLS)
-  with player_lib.jobset_player(_manifest(volume, *TRAINING), str(tmp_path / "play")) as player:
+  manifest = _manifest(volume, *TRAINING, chief_standby=True)
+  with player_lib.jobset_player(manifest, str(tmp_path / "play")) as player:
     result = player.run(timeout=280, on_poll=schedule.poll)
   assert result.outcome == jobset_policy.Outcome.SUCCEEDED, result
   assert [pod for pod, _ in schedule.killed] == list(KILLS)
   # Each killed pod came back once, as a new pod; nothing else restarted.
-  assert result.starts == {"play-chief-0-0": 2, "play-ps-0-0": 1, "play-worker-0-0": 1,
-                           "play-worker-0-1": 2}
+  assert result.starts == {"play-chief-0-0": 2, "play-chief-0-1": 1, "play-ps-0-0": 1,
+                           "play-worker-0-0": 1, "play-worker-0-1": 2}
+  with open(f"{volume}/run/events.jsonl", encoding="utf-8") as f:  # The standby took over.
+    took = [e["task"] for e in map(json.loads, f) if e.get("action") == "standby_chief_takes_over"]
+  assert took == ["chief:1"]
   assert result.restarts == 0
   steps = [r.step for r in progress_log.ProgressLog(f"{volume}/run").read_new()]
   assert max(steps) == TRAIN_STEPS
