@@ -120,3 +120,24 @@ def test_an_earlier_run_s_end_does_not_end_a_resumed_run(tmp_path):
       Result(errors.ExitCode.OK, 0, "finished"), stand_by=lambda: None)
   assert held == [5] and result.exit_code == errors.ExitCode.OK
   assert events.EventLog(str(tmp_path)).read() == []  # A start, not a takeover.
+
+
+def test_the_cluster_is_in_sight_while_a_ps_answers_and_out_of_it_after(grpc_server):
+  import portpicker  # pylint: disable=import-outside-toplevel
+  import threading  # pylint: disable=import-outside-toplevel
+  from tfps.cluster import spec as spec_lib  # pylint: disable=import-outside-toplevel
+  silent = f"127.0.0.1:{portpicker.pick_unused_port()}"  # Nothing listens: refused.
+  ps = [spec_lib.TaskId(spec_lib.JobType.PS, 0)]
+  for address, seen in ((grpc_server, True), (silent, False)):
+    cluster = spec_lib.ClusterSpec.from_dict({"chief": ["127.0.0.1:1"], "ps": [address]})
+    now = [0.0]
+    sight = chief_replica.ClusterSight(cluster, ps, within=0.4, clock=lambda: now[0]).start()
+    try:
+      now[0] = 100.0  # Long after the start: in sight only if a probe answered since.
+      for _ in range(100):  # However slow the host: two probe rounds within 10 s.
+        if sight() or sight.rounds >= 2:
+          break
+        threading.Event().wait(0.1)
+      assert sight() == seen and (seen or sight.rounds >= 2), address
+    finally:
+      sight.stop()

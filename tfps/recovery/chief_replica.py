@@ -3,8 +3,8 @@
 The decisions are `chief_lease.judge`'s; this is the loop that acts on them
 (`ChiefReplica.run`):
 
-  standing by   a warm coordinator kept imported (`stand_by`), the lease
-                read every `_POLL_SECONDS`; TAKE: take the next generation
+  standing by   a warm coordinator kept imported once the holder trains
+                (`stand_by`), the lease read every `_POLL_SECONDS`; TAKE: take the next generation
                 and supervise; ENDED: leave with the run's code.
   holding       `supervise(generation, superseded)` runs the usual supervisor
                 while a `LeaseKeeper` beats; superseded (the other replica
@@ -12,12 +12,13 @@ The decisions are `chief_lease.judge`'s; this is the loop that acts on them
                 coordinator is killed, and this replica stands by again.
 
 A replica takes and beats only while it sees the cluster (`ClusterSight`:
-some ps answered within a lease): a holder cut off from the ps and workers
-lets the lease lapse to one that is not; one whose ps are all down keeps it
-(the standby cannot see them either).
+some ps answered lately; the chief gives it two leases): a holder cut off
+from the ps and workers lets the lease lapse to one that is not; when no
+replica sees a ps, nobody takes the lease, and the holder beats again once
+they answer.
 
 Replica 0 takes the first generation at once; replica 1 only once nobody
-has for `first_take_seconds`, so that with both up the run starts where it
+has for `_FIRST_TAKE_LEASES` leases, so that with both up the run starts where it
 is expected to (`tfps chaos` faults name `chief:0`), and without replica 0
 it still starts.
 """
@@ -50,6 +51,7 @@ class ClusterSight:
                within: float, clock: Callable[[], float] = time.monotonic):
     self._cluster, self._ps, self._within, self._clock = cluster, list(ps), within, clock
     self._seen = clock()  # Until the first probe says otherwise.
+    self.rounds = 0  # Probe rounds done.
     self._stopped = threading.Event()
     self._thread = threading.Thread(target=self._run, name="tfps-cluster-sight", daemon=True)
 
@@ -66,6 +68,7 @@ class ClusterSight:
       began = self._clock()
       if readiness.reachable(self._cluster, self._ps, period):
         self._seen = self._clock()
+      self.rounds += 1
       self._stopped.wait(max(0.0, period - (self._clock() - began)))
 
   def stop(self) -> None:
