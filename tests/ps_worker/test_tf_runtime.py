@@ -16,10 +16,22 @@ _CHILD = r"""
 import json, sys
 from tfps.cluster import readiness, spec as spec_lib
 from tfps.ps_worker import tf_runtime
-pre = sys.argv[2] == "after_full_import"
-if pre:
-  import tensorflow
+from absl import logging
+logging.set_verbosity(logging.INFO)  # As `tfps run` logs: its one line on a fallback.
+moved = sys.argv[2] == "moved"
+if moved:  # A release that moved a module the runtime is loaded through.
+  import importlib
+  real_import = importlib.import_module
+  def import_module(name, *args):
+    if name == "tensorflow.python.framework.versions":
+      raise ModuleNotFoundError(f"No module named {name!r}")
+    return real_import(name, *args)
+  importlib.import_module = import_module
 runtime = tf_runtime.load(runtime_only=True)
+if moved:
+  importlib.import_module = real_import
+  # Now that TensorFlow is imported whole, a second load keeps it (an in-process cluster).
+  assert tf_runtime.load(runtime_only=True).api_loaded
 address = f"localhost:{sys.argv[1]}"
 cluster = spec_lib.ClusterSpec.from_dict({"ps": [address], "worker": ["localhost:1"]})
 server = runtime.Server(runtime.ClusterSpec({"ps": [address]}), job_name="ps",
@@ -49,7 +61,8 @@ def _child(mode: str) -> dict:
   run = subprocess.run([sys.executable, "-c", _CHILD, str(portpicker.pick_unused_port()), mode],
                        capture_output=True, timeout=120, check=False)
   assert run.returncode == 0, run.stderr.decode(errors="replace")[-3000:]
-  return json.loads(run.stdout.decode().strip().splitlines()[-1])
+  return {**json.loads(run.stdout.decode().strip().splitlines()[-1]),
+          "stderr": run.stderr.decode(errors="replace")}
 
 
 def test_the_runtime_alone_serves_without_the_api_and_says_so_when_asked_for_it():
@@ -59,8 +72,10 @@ def test_the_runtime_alone_serves_without_the_api_and_says_so_when_asked_for_it(
   assert seen["api"].startswith("tensorflow.constant: this process loaded TensorFlow's runtime "
                                 "only"), seen["api"]
   assert seen["taken"] == "UnknownError"  # The port in use: TensorFlow's own error type.
-  # A process that imported TensorFlow already (an in-process cluster) keeps it: the full
-  # server, the same version (the graph cache's key is the same either way).
-  full = _child("after_full_import")
+  # Where a release moved what the runtime is loaded through, the full import serves, one
+  # line says so, and a process that imported TensorFlow already keeps it: the full server,
+  # the same version (the graph cache's key is the same either way).
+  full = _child("moved")
   assert full["api_loaded"] is True and full["api"] == "usable" and full["answered"] == ["READY"]
   assert full["version"] == seen["version"]
+  assert "could not be loaded on its own (ModuleNotFoundError" in full["stderr"], full["stderr"]

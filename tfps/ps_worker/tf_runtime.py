@@ -91,10 +91,14 @@ def _runtime_only() -> Runtime:
 
 
 def _forget_stand_in() -> None:
-  """Drops the stand-in and what was imported through it, so a full import starts clean."""
+  """Drops the stand-in package, so that `import tensorflow` runs the real one.
+
+  What was imported through it stays: TensorFlow's C extension registers
+  itself once per process (a second load aborts it), and the real package
+  finds those modules already imported.
+  """
   if getattr(sys.modules.get(_PACKAGE), _MARK, False):
-    for name in [n for n in sys.modules if n == _PACKAGE or n.startswith(_PACKAGE + ".")]:
-      del sys.modules[name]
+    del sys.modules[_PACKAGE]
 
 
 def _full() -> Runtime:
