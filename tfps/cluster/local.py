@@ -367,11 +367,6 @@ class LocalCluster:
     self.tasks[chief] = handle
     return handle
 
-  @property
-  def chiefs(self) -> list[TaskHandle]:
-    """The chief replicas registered (one, or an active chief and its standby)."""
-    return [h for t, h in sorted(self.tasks.items()) if t.job == JobType.CHIEF]
-
   def spawn(self, argv: Sequence[str], *, task: TaskId | None = None,
             **kwargs) -> subprocess.Popen:
     """Starts a process in the cluster's network (on `task`'s host), tied to our life."""

@@ -122,12 +122,10 @@ class _CoordinatorLauncher:
     return readmission.judge(self._loops.coordinators)
 
   def idle(self) -> None:
-    if self.trained():  # Only once this one trains: never slow down a start.
-      self._coordinators.prepare()
+    """Prepares the warm standby once a coordinator trains: never slow down a start.
 
-  def stand_by(self) -> None:
-    """A standby chief replica: its coordinator imported and waiting, once the holder's
-    coordinator has trained (its import would slow that one's start on a shared host)."""
+    Also what a standby chief replica does while it waits: the holder's
+    coordinator trains first (on a shared host, the import would slow its start)."""
     if self.trained():
       self._coordinators.prepare()
 
@@ -221,7 +219,7 @@ def supervise(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, *,
                           ", ".join(sorted(map(str, left_out))))
         return run_supervisor(superseded, left_out)
 
-      result = replica.run(hold, stand_by=launcher.stand_by)
+      result = replica.run(hold, stand_by=launcher.idle)
       launcher.close()
       sight.stop()
     else:

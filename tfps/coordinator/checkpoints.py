@@ -140,8 +140,8 @@ class Manager(tf.train.CheckpointManager):
         self.saves_skipped += 1
         return None
       check_interval = False  # Due: TensorFlow's own check would count from `last`.
-    if self._fence is not None:
-      self._fence.check(f"the checkpoint of step {int(self._steps.numpy())}"
+    if self._fence is not None:  # The step is read from the ps only if it is not written.
+      self._fence.check(lambda: f"the checkpoint of step {int(self._steps.numpy())}"
                         if self._steps is not None else "a checkpoint")
     start = time.perf_counter()
     for capture in self._before_save:

@@ -180,10 +180,12 @@ class Fence:
   model_dir: str
   generation: int = 0
 
-  def check(self, what: str) -> None:
-    """Raises `Superseded` if another replica took the lease: `what` is not written."""
+  def check(self, what: str | Callable[[], str]) -> None:
+    """Raises `Superseded` if another replica took the lease: `what` (or what it
+    returns, asked only then) is not written."""
     if self.generation and os.path.exists(os.path.join(
         self.model_dir, DIR_NAME, f"generation-{self.generation + 1:06d}")):
+      what = what() if callable(what) else what
       raise errors.Superseded(
           f"the other chief replica took the lease (generation {self.generation + 1}) from "
           f"this coordinator's {self.generation}; {what} not written, stopping")
