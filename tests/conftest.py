@@ -52,14 +52,23 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-  """Every cluster test, and only those, is in tests/e2e/ or a test_*_cluster.py file."""
+  """Every cluster test, and only those, is in tests/e2e/ or a test_*_cluster.py file.
+
+  The cluster tests run one after another on one pytest-xdist worker (one
+  group): they share the session's clusters and each needs both cores for
+  its processes. The other tests, one process each, run on the other worker
+  beside them.
+  """
   del config
   misplaced = []
   for item in items:
     path = item.path
     placed = path.name.endswith("_cluster.py") or path.parent.name == "e2e"
-    if placed != (item.get_closest_marker("cluster") is not None):
+    is_cluster = item.get_closest_marker("cluster") is not None
+    if placed != is_cluster:
       misplaced.append(item.nodeid)
+    if is_cluster:
+      item.add_marker(pytest.mark.xdist_group("cluster"))
   if misplaced:
     raise pytest.UsageError("mark cluster tests `cluster` and keep them in tests/e2e/ or a "
                             "test_*_cluster.py file, and no other test there: "
