@@ -51,6 +51,7 @@ def pytest_configure(config):
       "crash lines holding one of these do not fail it")
 
 
+@pytest.hookimpl(tryfirst=True)  # Before pytest-xdist reads the groups.
 def pytest_collection_modifyitems(config, items):
   """Every cluster test, and only those, is in tests/e2e/ or a test_*_cluster.py file.
 

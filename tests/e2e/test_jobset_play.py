@@ -3,16 +3,14 @@
 `player` runs every pod of a `tfps k8s` JobSet (or TFJob) on a virtual host
 named as the platform names it, with the env the pod would get, and does
 what the controllers would do when a pod ends (read from the manifest). In
-the JobSet, rendered with a standby chief (two chief pods), a worker and the
-active chief are SIGKILLed in turn, each once training has gone on after the
-previous one: the standby chief pod takes over, each killed pod comes back as
-a new pod at a new address under its name (the chief's as the standby), and
-the job must train to the end and succeed with both chief pods done. (The ps pod's
-rules are tested on their own, tests/cluster/k8s/test_jobset_policy.py; a ps
-loss's recovery in e2e/test_ps_failover.py.) A bad value
-of a flag must end the job at once, without a retry. The legacy TFJob trains
-through a worker SIGKILL the same way. Skipped where network namespaces
-cannot be made.
+the JobSet, rendered with a standby chief (two chief pods), a worker, the ps
+and the active chief are SIGKILLed in turn, each once training has gone on
+after the previous one: the standby chief pod takes over, each killed pod
+comes back as a new pod at a new address under its name (the chief's as the
+standby), and the job must train to the end and succeed with both chief pods
+done. A bad value of a flag must end the job at once, without a retry. The
+legacy TFJob trains through a worker SIGKILL the same way. Skipped where
+network namespaces cannot be made.
 """
 
 import json
@@ -36,7 +34,7 @@ pytestmark = pytest.mark.cluster
 TRAIN_STEPS = 1000
 # Killed in this order, each once the steps reached since the previous kill
 # (recovered) reach STEPS_BETWEEN: far below TRAIN_STEPS, whatever the speed.
-KILLS = ("play-worker-0-1", "play-chief-0-0")
+KILLS = ("play-worker-0-1", "play-ps-0-0", "play-chief-0-0")
 STEPS_BETWEEN = 100
 TRAINING = (f"--experiment_params={chief_run.SMALL_CTR}", "--mode=train",
             f"--train_steps={TRAIN_STEPS}", f"--steps_per_loop={chief_run.STEPS_PER_LOOP}",
@@ -80,7 +78,7 @@ class _KillSchedule:
       self._since = self._step
 
 
-def test_the_jobset_trains_to_the_end_through_a_worker_and_a_chief_sigkill(tmp_path):
+def test_the_jobset_trains_to_the_end_through_a_worker_a_ps_and_a_chief_sigkill(tmp_path):
   volume = str(tmp_path / "volume")
   os.makedirs(f"{volume}/run")
   schedule = _KillSchedule(f"{volume}/run", KILLS)
@@ -90,7 +88,7 @@ def test_the_jobset_trains_to_the_end_through_a_worker_and_a_chief_sigkill(tmp_p
   assert result.outcome == jobset_policy.Outcome.SUCCEEDED, result
   assert [pod for pod, _ in schedule.killed] == list(KILLS)
   # Each killed pod came back once, as a new pod; nothing else restarted.
-  assert result.starts == {"play-chief-0-0": 2, "play-chief-0-1": 1, "play-ps-0-0": 1,
+  assert result.starts == {"play-chief-0-0": 2, "play-chief-0-1": 1, "play-ps-0-0": 2,
                            "play-worker-0-0": 1, "play-worker-0-1": 2}
   with open(f"{volume}/run/events.jsonl", encoding="utf-8") as f:  # The standby took over.
     took = [e["task"] for e in map(json.loads, f) if e.get("action") == "standby_chief_takes_over"]
