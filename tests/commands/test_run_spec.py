@@ -34,7 +34,7 @@ EVERY_SETTING = {
     "restart_window": "333", "cluster_wait_seconds": "444", "worker_timeout": "55",
     "min_workers": "2",
     "grace_seconds": "21", "warm_standby": "false", "ps_failover": "false",
-    "failover_graphs": "false",
+    "failover_graphs": "false", "rerun_slow_closures": "false",
     "ps_readmit": "timed", "ps_readmit_after": "12.5", "exclude_tasks": "worker:1",
     "chief_lease_seconds": "2.5", "lease_generation": "3",
 }

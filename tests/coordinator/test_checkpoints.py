@@ -204,3 +204,78 @@ def test_a_failed_background_write_is_raised_by_sync_and_not_indexed(runtime, tm
     manager.save_now(1)
   assert manager.latest_checkpoint is None
   manager.close()  # The error was raised once; closing does not raise it again.
+
+
+@pytest.mark.parametrize("asynchronous", [True, False])
+def test_saves_after_the_first_register_no_function_and_write_the_values_of_their_time(
+    runtime, tmp_path, asynchronous, monkeypatch):
+  # TensorFlow would trace and register a new function with every task at each
+  # write; the registration waits, holding the GIL, for a paused worker.
+  from tensorflow.python.eager import context
+  registered = []
+  for name in ("add_c_function", "add_function_def"):
+    register = getattr(context.Context, name)
+    monkeypatch.setattr(context.Context, name, lambda self, f, register=register: (
+        registered.append(threading.current_thread().name), register(self, f))[1])
+  with runtime.strategy.scope():
+    table = tf.Variable(tf.zeros([4096, 8]))  # Split over both ps.
+    step = tf.Variable(0, dtype=tf.int64)
+  checkpoint = tf.train.Checkpoint(table=table, step=step)
+  manager = checkpoints.Manager(checkpoint, str(tmp_path), asynchronous=asynchronous,
+                                max_to_keep=5)
+  manager.save_now(0)
+  manager.save_now(1)  # An asynchronous writer's first write is its own.
+  registered.clear()
+  for number in (2, 3):
+    table.assign(tf.fill([4096, 8], float(number)))
+    step.assign(number)
+    manager.save_now(number)
+  assert not registered
+  manager.close()
+  with runtime.strategy.scope():
+    table2 = tf.Variable(tf.zeros([4096, 8]))
+    step2 = tf.Variable(0, dtype=tf.int64)
+  tf.train.Checkpoint(table=table2, step=step2).read(manager.latest_checkpoint).expect_partial()
+  assert manager.latest_checkpoint.endswith("-3") and int(step2.numpy()) == 3
+  np.testing.assert_array_equal(tf.convert_to_tensor(table2).numpy(), np.full([4096, 8], 3.0))
+
+
+class _ConstantValue(tf.Module):
+  """A checkpointed value made in Python at each write, as a constant: a write traced
+  once would keep the first."""
+
+  def __init__(self):
+    super().__init__()
+    self.value = 0
+
+  def _serialize_to_tensors(self):
+    return {"value": tf.constant(self.value)}
+
+
+class _StateValue(tf.train.experimental.PythonState):
+  """The same as a `PythonState` (made outside the write, captured by a trace)."""
+
+  def __init__(self):
+    self.value = 0
+
+  def serialize(self):
+    return str(self.value)
+
+  def deserialize(self, string_value):
+    self.value = int(string_value)
+
+
+@pytest.mark.parametrize("kind", [_ConstantValue, _StateValue])
+def test_a_value_made_in_python_is_written_as_it_is_at_each_save(runtime, tmp_path, kind):
+  with runtime.strategy.scope():
+    step = tf.Variable(0, dtype=tf.int64)
+  python_value = kind()
+  manager = checkpoints.Manager(tf.train.Checkpoint(step=step, python_value=python_value),
+                                str(tmp_path), asynchronous=False, max_to_keep=5)
+  for number in (1, 2, 3):
+    python_value.value = number
+    manager.save_now(number)
+  manager.close()
+  reader = tf.train.load_checkpoint(manager.latest_checkpoint)
+  [key] = [k for k in reader.get_variable_to_shape_map() if k.startswith("python_value/")]
+  assert int(reader.get_tensor(key)) == 3

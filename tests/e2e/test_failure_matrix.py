@@ -105,6 +105,30 @@ def test_worker_killed_and_restarted_training_goes_on(run):
   assert "Additional GRPC error information" not in run.log()
 
 
+def test_a_paused_worker_s_closure_runs_again_elsewhere_and_training_goes_on(run):
+  """SIGSTOP: the worker keeps its connections, so TF would wait for its closure.
+  Its closure runs again on the other worker while it sleeps; woken, its own run
+  stops at its next fence check, and it takes closures again."""
+  worker = run.cluster.worker(1)
+  reruns = run.log().count("run again on another worker")
+  restores = len(run.restores)
+  worker.pause()
+  try:
+    run.wait_for(lambda: run.log().count("run again on another worker") > reruns, timeout=60,
+                 what="worker:1's closure run again elsewhere")
+    step = run.step
+    # Two loops end while it sleeps: the loop no longer waits for its closure.
+    run.wait_for_step(run.wait_for_step(step, timeout=60), timeout=60)
+    assert worker.alive
+  finally:
+    worker.resume()
+  run.wait_for(lambda: "run again elsewhere ended" in run.log(), timeout=60,
+               what="worker:1's first run, woken, to end (its outcome dropped)")
+  run.wait_for_work([worker])
+  assert len(run.restores) == restores  # No coordinator restart.
+  assert "Detected at node" not in run.log()  # TF's error for the dropped run: not logged.
+
+
 def test_ps_killed_and_restarted_restores_the_last_checkpoint(run):
   ps = run.cluster.ps(0)
   ps.kill(signal.SIGKILL)

@@ -70,6 +70,11 @@ RUN_SETTINGS = (
             'Store the traced train closures in model_dir/traces, so that a restarted '
             'coordinator of the same program and configuration rebuilds them in a fraction '
             'of a second instead of tracing them again.'),
+    Setting("rerun_slow_closures", "training", "bool", True,
+            'Run a closure again on another worker when its worker holds it far beyond '
+            'the time recent closures took and does not answer (paused, live-migrating), '
+            'or answers but is 8x slower; the first run, when its worker wakes, stops at '
+            'its next check (every 10 steps) and its outcome is dropped.'),
     Setting("checkpoint_interval", "training", "integer", 200,
             'Save a checkpoint every this many steps: the steps a ps or chief loss can roll '
             'back (an asynchronous save stops training for milliseconds).'),
@@ -155,6 +160,7 @@ class LoopSettings:
   max_closure_seconds: float = DEFAULTS["max_closure_seconds"]
   fast_start: bool = DEFAULTS["fast_start"]
   trace_cache: bool = DEFAULTS["trace_cache"]
+  rerun_slow_closures: bool = DEFAULTS["rerun_slow_closures"]
   checkpoint_interval: int = DEFAULTS["checkpoint_interval"]
   async_checkpoint: bool = DEFAULTS["async_checkpoint"]
   max_to_keep: int = DEFAULTS["max_to_keep"]

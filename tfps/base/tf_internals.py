@@ -14,6 +14,7 @@ Supported: TensorFlow `SUPPORTED` (the release tf-models-official pins, and
 the one the suite runs on); `check_version` says so when another is loaded.
 """
 
+import os
 from typing import Any, Sequence
 
 import tensorflow as tf
@@ -124,6 +125,97 @@ def close_async_writer(checkpoint: tf.train.Checkpoint) -> None:
   writer._join_async_save_thread()  # pylint: disable=protected-access
 
 
+def write_with_one_function(checkpoint: tf.train.Checkpoint, *, asynchronous: bool) -> None:
+  """Has every write of `checkpoint` (and of its asynchronous writer) run one
+  function traced once, instead of a new one per write.
+
+  On more than one task TensorFlow traces a new saver function at every
+  write, and registers each new function with every task of the cluster.
+  That registration holds the GIL until every task has taken it; while a
+  worker is paused it waits for that worker, and the whole coordinator
+  stands still with it (docs/tensorflow-behaviour.md). Traced once, a write
+  registers nothing after the first.
+
+  A function traced once writes what it read when traced unless it reads
+  variables: a checkpointed object whose tensors are values made in Python
+  (read outside the function) would be written stale. Such a checkpoint
+  keeps TensorFlow's new function per write; so do writes TensorFlow makes
+  otherwise (options this does not know, graph mode). The function is traced
+  again when the checkpoint's objects change. Safe to call more than once;
+  `asynchronous`: also (and first) for the asynchronous writer, made now if
+  it is not yet.
+  """
+  _reuse_one_write_function(checkpoint)
+  if asynchronous:  # The writer thread writes through a checkpoint of its own.
+    _reuse_one_write_function(checkpoint._async_checkpointer().checkpointer())  # pylint: disable=protected-access
+
+
+def _reuse_one_write_function(checkpoint) -> None:
+  import threading  # pylint: disable=import-outside-toplevel
+  saver = checkpoint._saver  # pylint: disable=protected-access
+  if getattr(saver, "_tfps_one_function", False):
+    return
+  traced_save = saver.save  # The bound method: TensorFlow's write, traced or not.
+  lock, cache = threading.Lock(), {}  # {objects' ids: concrete function or None}
+
+  def save(file_prefix, checkpoint_number=None, session=None, options=None):
+    if (checkpoint_number or session is not None or not context_lib.executing_eagerly()
+        or tf.is_tensor(file_prefix) or not _plain(options)):
+      return traced_save(file_prefix, checkpoint_number, session, options)
+    key = tuple(id(t) for t in saver._graph_view.descendants())  # pylint: disable=protected-access
+    with lock:
+      if key not in cache:
+        cache.clear()
+        write = tf.function(lambda prefix: traced_save(prefix, options=options),
+                            input_signature=[tf.TensorSpec([], tf.string)], autograph=False)
+        function = write.get_concrete_function()
+        cache[key] = function if _writes_live_values(function.graph) else None
+      function = cache[key]
+    if function is None:
+      return traced_save(file_prefix, checkpoint_number, session, options)
+    tf.io.gfile.makedirs(os.path.dirname(file_prefix))
+    return function(tf.constant(file_prefix))
+
+  saver.save = save
+  saver._tfps_one_function = True  # pylint: disable=protected-access
+
+
+# The tensor a write names the checkpoint's object graph by: a constant, made
+# when traced, that changes only with the objects (the cache's key).
+_OBJECT_GRAPH_KEY = b"_CHECKPOINTABLE_OBJECT_GRAPH"
+_PASS_THROUGH = frozenset({"Identity", "IdentityN", "Snapshot"})
+
+
+def _writes_live_values(graph) -> bool:
+  """Whether every value the traced write `graph` saves is read when it runs.
+
+  A value comes live from a stateful op (a variable's read, a table's
+  export); a constant or a captured tensor was made in Python when traced.
+  """
+  writes = [op for op in graph.get_operations() if op.type == "SaveV2"]
+  for op in writes:
+    names = tf.get_static_value(op.inputs[1])
+    if names is None:
+      return False
+    for name, value in zip(names, op.inputs[3:]):
+      if name == _OBJECT_GRAPH_KEY:
+        continue
+      source = value.op
+      while source.type in _PASS_THROUGH:
+        source = source.inputs[0].op
+      if source.type == "Placeholder" or not source.op_def.is_stateful:
+        return False
+  return bool(writes)
+
+
+def _plain(options) -> bool:
+  """Whether `options` asks the saver for nothing a write traced once would miss (the
+  write callbacks are the checkpoint's, run after the saver)."""
+  if options is None:
+    return True
+  return not (options.experimental_io_device or options.experimental_sharding_callback)
+
+
 def last_saved_step(manager: tf.train.CheckpointManager) -> int | None:
   """The step `manager` last saved at by its interval check; None without an interval."""
   if manager._checkpoint_interval is None:  # pylint: disable=protected-access
@@ -194,3 +286,163 @@ def put_back_failed_closures_first(coordinator) -> None:
         queue._no_inflight_closure_condition.notify_all()
 
   queue.put_back = put_back
+
+
+# -- closures taken off a slow worker (coordinator.speculation) -------------------------------
+
+class ClosureAttempt:
+  """One worker's run of one closure: `closure`, `worker_index`, its `task_index` in
+  the cluster spec, `started` (monotonic)."""
+
+  def __init__(self, closure, worker_index: int, task_index: int, started: float):
+    self.closure, self.worker_index, self.started = closure, worker_index, started
+    self.task_index = task_index
+    self.taken_away = False  # Queued again for another worker: this run's outcome is dropped.
+    self.finished = False  # Its outcome was given to the queue: it can no longer be taken.
+    self.succeeded = False
+    self.fenced: Any = None  # What the taker fenced this run with, if anything.
+
+  @property
+  def args(self) -> tuple:
+    """The closure's arguments (as scheduled)."""
+    return tuple(self.closure._args)  # pylint: disable=protected-access
+
+
+class ClosureAttempts:
+  """Which closure each of a coordinator's worker threads runs, and since when; a
+  running closure can be taken away (`take_away`) and queued again first.
+
+  TensorFlow's worker thread of a taken attempt goes on waiting for its
+  worker; whatever that run gives when it ends (its result, its error, a put
+  back after a worker failure) is dropped, so the queue and the closure's
+  output hear only of the run that replaced it. `on_end(attempt)` is called
+  when a taken attempt's thread is done with it.
+  """
+
+  def __init__(self, coordinator, clock, on_end=None, on_done=None):
+    import threading  # pylint: disable=import-outside-toplevel
+    self._clock = clock
+    self._on_end = on_end or (lambda attempt: None)
+    self._on_done = on_done or (lambda seconds: None)
+    self._lock = threading.Lock()
+    self._local = threading.local()
+    self._running: dict[int, ClosureAttempt] = {}
+    cluster = coordinator._cluster  # pylint: disable=protected-access
+    self._queue = cluster.closure_queue
+    for worker in cluster.workers:
+      worker._process_closure = self._tracked(worker)  # pylint: disable=protected-access
+    for name in ("mark_finished", "put_back", "mark_failed"):
+      setattr(self._queue, name, self._unless_taken(getattr(self._queue, name), name))
+    # TensorFlow logs a taken run's error (many lines); the taker says it in one.
+    self._log_filter = _DropWhen(lambda: bool(self._current() and self._current().taken_away))
+    tf.get_logger().addFilter(self._log_filter)
+
+  def close(self) -> None:
+    tf.get_logger().removeFilter(self._log_filter)
+
+  def running(self) -> list[ClosureAttempt]:
+    """The attempts whose outcome is still to come (none taken away)."""
+    with self._lock:
+      return [a for a in self._running.values() if not (a.finished or a.taken_away)]
+
+  def take_away(self, attempt: ClosureAttempt) -> bool:
+    """Queues `attempt`'s closure again, first; False if it had ended meanwhile."""
+    # pylint: disable=protected-access
+    queue = self._queue
+    with self._lock:
+      if attempt.finished or attempt.taken_away:
+        return False
+      attempt.taken_away = True
+      with queue._queue_lock:
+        if queue._error:  # TF is cancelling everything: leave it to that.
+          return True
+        waiting = queue._queue
+        with waiting.mutex:
+          waiting.queue.appendleft(attempt.closure)
+          waiting.unfinished_tasks += 1
+          waiting.not_empty.notify()
+        queue._closures_queued_condition.notify()
+        queue.inflight_closure_count -= 1
+        if queue._inflight_closure_count == 0:
+          queue._no_inflight_closure_condition.notify_all()
+    # A run that had begun copying its result holds the result's lock until
+    # its worker wakes: the next run must not wait for it.
+    output = attempt.closure._output_remote_value_ref
+    value = output() if output is not None else None
+    if value is not None and value._has_fetched_to_local_lock.locked():
+      import threading  # pylint: disable=import-outside-toplevel
+      value._has_fetched_to_local_lock = threading.Lock()
+    return True
+
+  def _current(self) -> ClosureAttempt | None:
+    return getattr(self._local, "attempt", None)
+
+  def _tracked(self, worker):
+    from tensorflow.python.distribute.coordinator import cluster_coordinator  # pylint: disable=import-outside-toplevel
+    process = cluster_coordinator.Worker._process_closure  # pylint: disable=protected-access
+
+    def process_closure(closure):
+      attempt = ClosureAttempt(closure, worker.worker_index,
+                               int(worker.device_name.rsplit("task:", 1)[1].split("/")[0]),
+                               self._clock())
+      self._guard_output(closure)
+      with self._lock:
+        self._running[worker.worker_index] = attempt
+      self._local.attempt = attempt
+      try:
+        process(worker, closure)
+      finally:
+        self._local.attempt = None
+        with self._lock:
+          if self._running.get(worker.worker_index) is attempt:
+            del self._running[worker.worker_index]
+          attempt.finished = True
+        if attempt.taken_away:
+          self._on_end(attempt)
+        elif attempt.succeeded:
+          self._on_done(self._clock() - attempt.started)
+    return process_closure
+
+  def _guard_output(self, closure) -> None:
+    """A taken attempt's thread neither sets nor reads the closure's output."""
+    if getattr(closure, "_tfps_guarded", False):
+      return
+    call = closure.maybe_call_with_output_remote_value
+
+    def maybe_call(method):
+      attempt = self._current()
+      if attempt is not None and attempt.taken_away:
+        return None
+      return call(method)
+    closure.maybe_call_with_output_remote_value = maybe_call
+    closure._tfps_guarded = True  # pylint: disable=protected-access
+
+  def _unless_taken(self, method, name):
+    def call(*args, **kwargs):
+      attempt = self._current()
+      if attempt is not None:
+        with self._lock:
+          if attempt.taken_away:
+            return None
+          # Its outcome is the queue's now (a put-back too, while its thread waits
+          # for the worker to come back): it can no longer be taken away.
+          attempt.finished = True
+          attempt.succeeded = name == "mark_finished"
+      return method(*args, **kwargs)
+    return call
+
+
+class _DropWhen:
+  """A logging filter: drops the records logged while `drop()` is true."""
+
+  def __init__(self, drop):
+    self._drop = drop
+
+  def filter(self, record) -> bool:  # pylint: disable=unused-argument
+    return not self._drop()
+
+
+def track_closures(coordinator, clock, on_end=None, on_done=None) -> ClosureAttempts:
+  """Tracks `coordinator`'s closures per worker thread (`ClosureAttempts`);
+  `on_done(seconds)` hears each successful run's time."""
+  return ClosureAttempts(coordinator, clock, on_end, on_done)

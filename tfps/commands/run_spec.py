@@ -106,7 +106,7 @@ class RunSpec(settings.LoopSettings):
       allowed = ", ".join(r.value for r in readmission.Readmit)
       raise errors.UsageError(f"ps_readmit ({self.ps_readmit!r}) must be one of {allowed}")
     for name in ("warm_standby", "fast_start", "trace_cache", "async_checkpoint",
-                 "ps_failover", "failover_graphs"):
+                 "ps_failover", "failover_graphs", "rerun_slow_closures"):
       if not isinstance(getattr(self, name), bool):
         raise errors.UsageError(f"{name} ({getattr(self, name)!r}) must be true or false")
     object.__setattr__(self, "exclude_tasks", tuple(self.exclude_tasks))

@@ -264,7 +264,8 @@ class CoordinatorConfig(settings.LoopSettings):
                  "train_epochs", "input_shards"):
       if getattr(self, name) is not None:
         _positive_int(name, getattr(self, name))
-    for name in ("fast_start", "trace_cache", "async_checkpoint", "failover_graphs"):
+    for name in ("fast_start", "trace_cache", "async_checkpoint", "failover_graphs",
+                 "rerun_slow_closures"):
       if not isinstance(getattr(self, name), bool):
         raise errors.UsageError(f"{name} ({getattr(self, name)!r}) must be true or false")
     if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:

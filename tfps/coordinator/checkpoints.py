@@ -144,6 +144,8 @@ class Manager(tf.train.CheckpointManager):
       self._fence.check(lambda: f"the checkpoint of step {int(self._steps.numpy())}"
                         if self._steps is not None else "a checkpoint")
     start = time.perf_counter()
+    # Again at every save: closing the writer drops it, and a later save makes a new one.
+    tf_internals.write_with_one_function(self.checkpoint, asynchronous=self.asynchronous)
     for capture in self._before_save:
       capture()
     # Whatever the caller's options say (Orbit passes its own), this manager decides.

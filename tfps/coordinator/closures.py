@@ -51,6 +51,7 @@ from absl import logging
 import tensorflow as tf
 
 from tfps.recovery import closure_plan
+from tfps.coordinator import closure_fence
 from tfps.coordinator import step_logs
 from tfps.fast_restart import trace_cache as trace_cache_lib
 from tfps.fast_restart import warm_up
@@ -95,19 +96,23 @@ class TrainClosures:
   def __init__(self, train_step: Callable[[Any], Any], make_iterator: Callable[..., Any], *,
                unroll: int, what: str, full_size: int | None = None,
                fast_unroll: int = FAST_UNROLL,
-               cache: trace_cache_lib.TraceCache | None = None, variables_root: Any = None):
+               cache: trace_cache_lib.TraceCache | None = None, variables_root: Any = None,
+               fence: closure_fence.ClosureFence | None = None):
     """`full_size`: the written-out closure's steps (None: `choose_full_size` later);
     `cache`: where traces are stored and found (positioned arguments only);
-    `variables_root` tracks every variable the closures capture (`trace_cache`)."""
+    `variables_root` tracks every variable the closures capture (`trace_cache`);
+    `fence`: positioned closures check their ticket in it (`closure_fence`)."""
     self._train_step, self._make_iterator = train_step, make_iterator
+    self._fence = fence
     self._unroll, self._fast_unroll, self._what = unroll, fast_unroll, what
 
     def other_closure(train, num_steps, *source):
       def steps():
         iterator = make_iterator(*source)
-        sums = step_logs.start(train_step(iterator), what)
+        checks = closure_fence.Checks(fence, source)
+        sums = step_logs.start(checks.step(lambda: train_step(iterator)), what)
         for _ in tf.range(num_steps - 1):
-          sums = step_logs.add(sums, train_step(iterator), what)
+          sums = step_logs.add(sums, checks.step(lambda: train_step(iterator), sums), what)
         return sums
       return warm_up.train_or_skip(train, steps)
 
@@ -131,7 +136,7 @@ class TrainClosures:
     if self.full_size is not None:
       raise RuntimeError(f"the full size is {self.full_size} already")
     self.full_size = full_size
-    unroll, what = self._unroll, self._what
+    unroll, what, fence = self._unroll, self._what, self._fence
     train_step, make_iterator = self._train_step, self._make_iterator
 
     def of_full_size(unroll: int, name: str):
@@ -141,14 +146,16 @@ class TrainClosures:
       def full_closure(train, *source):
         def steps():
           iterator = make_iterator(*source)
+          checks = closure_fence.Checks(fence, source)
+          step = lambda: train_step(iterator)
           # The first step's logs (if any) give the structure of the running sums.
-          sums = step_logs.start(train_step(iterator), what)
+          sums = step_logs.start(checks.step(step), what)
           for _ in range(peeled - 1):  # Python: written out.
-            sums = step_logs.add(sums, train_step(iterator), what)
+            sums = step_logs.add(sums, checks.step(step, sums), what)
           if iterations:  # Python: known when traced.
             for _ in tf.range(iterations):  # A tf.while_loop on the worker.
               for _ in range(unroll):
-                sums = step_logs.add(sums, train_step(iterator), what)
+                sums = step_logs.add(sums, checks.step(step, sums), what)
           return sums
         return warm_up.train_or_skip(train, steps)
       # TF's name for the function (in logs too), and a worker's graph cache key.

@@ -181,7 +181,8 @@ def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntim
         max_closure_seconds=config.max_closure_seconds,
         step_seconds=_recent_step_seconds(config, runtime), input_shards=config.input_shards,
         loop_slack=ends.slack, looped_seconds=looped, looped_seconds_stored=looped_if_stored,
-        trace_cache=_trace_cache(config), failover_graphs=config.failover_graphs)
+        trace_cache=_trace_cache(config), failover_graphs=config.failover_graphs,
+        rerun_slow_closures=config.rerun_slow_closures)
     trainer = trainer_lib.PSTrainer(trainer, runtime, options, pause=pause,
                                     global_step=experiment.global_step)
   if isinstance(evaluator, orbit.StandardEvaluator):

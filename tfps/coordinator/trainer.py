@@ -62,7 +62,11 @@ import orbit
 import tensorflow as tf
 
 from tfps.recovery import closure_plan
+from tfps.cluster import readiness
+from tfps.cluster import spec as spec_lib
+from tfps.coordinator import closure_fence
 from tfps.coordinator import closures as closures_lib
+from tfps.coordinator import speculation as speculation_lib
 from tfps.input import datasets
 from tfps.fast_restart import failover_graphs as failover_graphs_lib
 from tfps.input import ledger as ledger_lib
@@ -166,6 +170,9 @@ class LoopOptions:
     failover_graphs: with `trace_cache` on 2 ps, have the workers optimize the
       written-out closure of the cluster a ps failover would leave, after the
       first loop with this one (`fast_restart.failover_graphs`).
+    rerun_slow_closures: run a closure that a slow or paused worker holds
+      again on another worker (`coordinator.speculation`; positioned closures
+      are fenced, `coordinator.closure_fence`).
   """
 
   steps_per_closure: int
@@ -178,6 +185,7 @@ class LoopOptions:
   looped_seconds_stored: float | None = None
   trace_cache: trace_cache_lib.TraceCache | None = None
   failover_graphs: bool = False
+  rerun_slow_closures: bool = False
 
   def __post_init__(self):
     _positive_int("steps_per_closure", self.steps_per_closure)
@@ -230,6 +238,9 @@ class PSTrainer(orbit.StandardTrainer):
     self._trace_cache = options.trace_cache
     self._looped_seconds_stored = options.looped_seconds_stored
     self._failover_graphs = options.failover_graphs
+    self._rerun_slow_closures = options.rerun_slow_closures
+    self._fence: closure_fence.ClosureFence | None = None  # Positioned, rerunning closures.
+    self.speculation: speculation_lib.Speculation | None = None  # Started at the first loop.
     self._max_closure_seconds = options.max_closure_seconds
     self.step_seconds = options.step_seconds  # A worker's, measured by each loop.
     self.closure_overhead = 0.0  # A closure's own seconds (dispatch, iterator): calibrated.
@@ -325,12 +336,16 @@ class PSTrainer(orbit.StandardTrainer):
       num_shards = self.ensure_ledger().num_shards
       positioned = self._positioned
       # Built on the worker, inside the closure: the chunk's position is in
-      # the closure's arguments, which a retry runs again unchanged.
-      make_iterator = lambda shard, start: iter(positioned.chunk(num_shards, shard, start))
+      # the closure's arguments, which a retry runs again unchanged. Its shard
+      # argument also codes the epoch and attempt (`closure_fence.shard_code`).
+      make_iterator = lambda code, start: iter(positioned.chunk(
+          num_shards, tf.math.floormod(code, num_shards), start))
+      if self._rerun_slow_closures and self._runtime.num_workers > 1:
+        self._fence = closure_fence.ClosureFence(self._runtime.strategy)
     # Their full size is chosen at the first loop, once a step's time is known.
     self._closures = closures_lib.TrainClosures(
         self._trainer.train_step, make_iterator, unroll=self._unroll,
-        what=type(self._trainer).__name__)
+        what=type(self._trainer).__name__, fence=self._fence)
     return self._loop
 
   def _choose_full_size(self, iterator, loop: "_Loop") -> None:
@@ -361,6 +376,8 @@ class PSTrainer(orbit.StandardTrainer):
       tracked = {"trainer": self._trainer}  # What the stored traces' captures are found in.
       if self._global_step is not None:
         tracked["global_step"] = self._global_step
+      if self._fence is not None:
+        tracked["closure_fence"] = self._fence.variable
       variables_root = tf.train.Checkpoint(**tracked)
     closures = self._closures
     closures.choose_full_size(full_size, cache=cache, variables_root=variables_root)
@@ -405,6 +422,11 @@ class PSTrainer(orbit.StandardTrainer):
   def _loop(self, iterator, num_steps) -> None:
     """One train loop: its closures on every worker, then join (see the module docstring)."""
     loop = _Loop(start_step=self._read_step(), steps=int(num_steps))
+    if self.speculation is None and self._rerun_slow_closures and self._runtime.num_workers > 1:
+      self.speculation = speculation_lib.Speculation(
+          self._runtime.coordinator, num_workers=self._runtime.num_workers,
+          probe=self._worker_answers, fence=self._fence,
+          num_shards=self.ensure_ledger().num_shards if self._fence is not None else None)
     # Traced in scope so that the trainer sees the strategy it was built in.
     with self._runtime.strategy.scope():
       if self._full_size is None:
@@ -485,9 +507,11 @@ class PSTrainer(orbit.StandardTrainer):
       else:
         if taken >= len(sizes) and (not slack or loop.left <= allowed):
           return  # The next loop trains them: no closure for a shard's tail.
-        chunk = self.ensure_ledger().take(min(sizes[0] if sizes else 1, loop.left))
+        ledger = self.ensure_ledger()
+        chunk = ledger.take(min(sizes[0] if sizes else 1, loop.left))
         size = chunk.count
-        source = (tf.constant(chunk.shard, tf.int64), tf.constant(chunk.start, tf.int64))
+        code = closure_fence.shard_code(chunk.shard, chunk.epoch, ledger.num_shards)
+        source = (tf.constant(code, tf.int64), tf.constant(chunk.start, tf.int64))
       taken += 1
       with _step_log_errors():  # Traced at the first schedule.
         remote = self._closures.schedule(coordinator, size, loop.written_out, source)
@@ -518,6 +542,10 @@ class PSTrainer(orbit.StandardTrainer):
       step = None if loop.start_step is None else loop.start_step + scheduled_steps
       self._warm.after_loop(step, None if self.target is None or step is None
                             else max(0, self.target - step))
+
+  def _worker_answers(self, task_index: int) -> bool:
+    task = spec_lib.TaskId(spec_lib.JobType.WORKER, task_index)
+    return bool(readiness.reachable(self._runtime.cluster, [task], speculation_lib.PROBE_SECONDS))
 
   def _read_step(self) -> int | None:
     return None if self._global_step is None else int(self._global_step.numpy())

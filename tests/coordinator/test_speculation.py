@@ -1,0 +1,98 @@
+"""A closure its worker holds runs again on another worker (tfps.coordinator.speculation,
+closure_fence, tf_internals.ClosureAttempts), on the in-process cluster.
+
+A worker there cannot be paused (it is this process): the held closure waits
+for a ps variable instead, as long as the test wants; the rerun, whose shard
+argument counts an attempt more, does not wait.
+"""
+
+import time
+
+import pytest
+import tensorflow as tf
+
+from tfps.coordinator import closure_fence
+from tfps.coordinator import speculation as speculation_lib
+from tfps.cluster import processes
+from tfps.recovery import slow_closures
+
+pytestmark = pytest.mark.tf
+
+SHARDS = 1000  # A code below WAITS waits for the gate: only the first attempt of shard < 100.
+WAITS = 100
+
+
+def test_tickets_are_unique_and_the_shard_is_the_code_modulo_the_shards():
+  codes = {(s, e, a): closure_fence.shard_code(s, e, 7, a)
+           for s in range(7) for e in range(3) for a in range(closure_fence.ATTEMPTS)}
+  assert len(set(codes.values())) == len(codes)
+  assert all(code % 7 == s for (s, _, _), code in codes.items())
+  values = {closure_fence.ticket(code, start)[1] for code in codes.values() for start in range(9)}
+  assert len(values) == len(codes) * 9
+  assert all(0 <= closure_fence.ticket(code, 5)[0] < closure_fence.SLOTS for code in codes.values())
+
+
+def test_a_revoked_ticket_fails_its_check_on_a_worker_until_released(runtime):
+  fence = closure_fence.ClosureFence(runtime.strategy)
+
+  @tf.function
+  def check(code, start):
+    with tf.control_dependencies([fence.check(code, start)]):
+      return tf.constant(1)
+
+  def on_worker(code, start):
+    with tf.device("/job:worker/replica:0/task:0"):
+      return int(check(tf.constant(code, tf.int64), tf.constant(start, tf.int64)).numpy())
+
+  assert on_worker(3, 40) == 1
+  fence.revoke(3, 40)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="run again on another worker"):
+    on_worker(3, 40)
+  assert on_worker(3 + 7, 40) == 1 and on_worker(3, 41) == 1  # Other tickets pass.
+  fence.release(3, 40)
+  assert on_worker(3, 40) == 1
+
+
+def test_a_held_closure_runs_again_elsewhere_and_the_first_run_is_dropped(runtime):
+  coordinator = runtime.coordinator
+  with runtime.strategy.scope():
+    gate = tf.Variable(0, dtype=tf.int64)
+    runs = tf.Variable(0, dtype=tf.int64)
+  fence = closure_fence.ClosureFence(runtime.strategy)
+
+  @tf.function
+  def closure(code, start):
+    def held():
+      return tf.while_loop(lambda i: tf.equal(gate.read_value(), 0), lambda i: i + 1,
+                           [tf.constant(0, tf.int64)])[0]
+    waited = tf.cond(code < WAITS, held, lambda: tf.constant(0, tf.int64))
+    # After the wait, as a closure's checks come after its steps before.
+    with tf.control_dependencies([fence.check(code, start, after=[waited])]):
+      runs.assign_add(1)
+      return tf.identity(code)
+
+  def schedule(code):
+    return coordinator.schedule(closure, args=(tf.constant(code, tf.int64),
+                                               tf.constant(0, tf.int64)))
+
+  watch = speculation_lib.Speculation(
+      coordinator, num_workers=2, probe=lambda task: False, fence=fence, num_shards=SHARDS,
+      rules=slow_closures.Rules(min_samples=4, margin=0.3))
+  try:
+    quick = [schedule(2 * SHARDS + i) for i in range(6)]  # Timed: the expected time.
+    coordinator.join()
+    held = schedule(5)
+    began = time.monotonic()
+    coordinator.join()  # Returns once the rerun is done, the first run still held.
+    assert time.monotonic() - began < 30
+    assert held.fetch() == 5 + SHARDS  # The rerun's outcome, under its own ticket.
+    assert [q.fetch() for q in quick] == [2 * SHARDS + i for i in range(6)]
+    assert watch.rerun == 1 and watch.dropped == 0
+    gate.assign(1)  # The held run goes on: its check fails; that is dropped, not raised.
+    processes.wait_until(lambda: watch.dropped == 1, timeout=30,
+                         what="the held run to end")
+    assert int(runs.numpy()) == 7  # Six quick runs and the rerun; the held one stopped.
+    assert coordinator.fetch(schedule(7 * SHARDS)) == 7 * SHARDS  # The queue still works.
+  finally:
+    gate.assign(1)
+    watch.stop()
