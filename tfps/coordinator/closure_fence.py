@@ -44,11 +44,14 @@ class ClosureFence:
   """The ticket variable, on a ps; `check` is called inside a closure, the rest by
   the coordinator."""
 
-  def __init__(self, strategy):
+  def __init__(self, strategy, beside: tf.Variable | None = None):
+    """`beside`: a scalar variable to place it with (the global step): on the same ps in
+    every coordinator of the run, as stored traces need; else a new one's ps."""
     with strategy.scope():
       # Beside a scalar (never split): a variable partitioner must not shard it.
-      anchor = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfps_closure_fence_anchor")
-      with strategy.extended.colocate_vars_with(anchor):
+      if beside is None:
+        beside = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfps_closure_fence_at")
+      with strategy.extended.colocate_vars_with(beside):
         self.variable = tf.Variable(tf.zeros([SLOTS], tf.int64), trainable=False,
                                     name="tfps_closure_fence")
     self._revoked: dict[int, int] = {}  # slot: value, while a taken run may still wake.

@@ -341,7 +341,8 @@ class PSTrainer(orbit.StandardTrainer):
       make_iterator = lambda code, start: iter(positioned.chunk(
           num_shards, tf.math.floormod(code, num_shards), start))
       if self._rerun_slow_closures and self._runtime.num_workers > 1:
-        self._fence = closure_fence.ClosureFence(self._runtime.strategy)
+        self._fence = closure_fence.ClosureFence(self._runtime.strategy,
+                                                 beside=self._global_step)
     # Their full size is chosen at the first loop, once a step's time is known.
     self._closures = closures_lib.TrainClosures(
         self._trainer.train_step, make_iterator, unroll=self._unroll,
