@@ -24,7 +24,8 @@ def test_report():
                               "back_after": 3.0, "time": 40.0, "recovered": True,
                               "seconds_to_recover": 12.0, "longest_stall_seconds": None,
                               "stall_beyond_loop_seconds": None, "loop_seconds_before": None,
-                              "loop_seconds_after": None, "steps_lost": 0}
+                              "loop_seconds_after": None, "closures_per_worker_after": {},
+                              "steps_lost": 0}
 
 
 def _record(step, time, restored=False):
@@ -232,11 +233,16 @@ def test_a_join_is_done_once_a_coordinator_restored_with_the_new_worker(tmp_path
   assert not tracker.outcomes()[0].recovered
   log.append(800, restored=True, now=20.0, left_out=("worker:2",))  # It is in.
   for step, now in [(1000, 21.5), (1200, 22.5), (1400, 23.5), (1600, 24.5)]:
-    log.append(step, now=now)  # Faster with it: loops of 1 s.
-  tracker.observe(log.read_new())
+    # Faster with it: loops of 1 s, and closures on the new worker.
+    log.append(step, now=now, closures=[("worker:0", 2), ("worker:1", 2)])
+  records = log.read_new()
+  tracker.observe(records)
   (joined,) = tracker.outcomes()
   assert (joined.seconds_to_recover, joined.steps_lost) == (7.0, 0)
   assert (joined.loop_before, joined.loop_after) == (1.5, 1.0)
+  # The loops after the one that recovered it (1.5 s, 1.0 s, ...: its first is the recovery).
+  assert joined.as_dict()["closures_per_worker_after"] == {"worker:0": 6, "worker:1": 6}
+  assert tracker_lib.closures_per_worker(records) == {"worker:0": 8, "worker:1": 8}
   assert tracker_lib.fault_kind(joined.as_dict()) == "worker join"
 
 

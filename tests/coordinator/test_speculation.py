@@ -11,6 +11,7 @@ import time
 import pytest
 import tensorflow as tf
 
+from tfps.base import tf_internals
 from tfps.coordinator import closure_fence
 from tfps.coordinator import speculation as speculation_lib
 from tfps.cluster import processes
@@ -75,8 +76,11 @@ def test_a_held_closure_runs_again_elsewhere_and_the_first_run_is_dropped(runtim
     return coordinator.schedule(closure, args=(tf.constant(code, tf.int64),
                                                tf.constant(0, tf.int64)))
 
+  attempts = tf_internals.track_closures(coordinator, time.monotonic)
+  done = []
+  attempts.on_done.append(lambda attempt, seconds: done.append(attempt.task_index))
   watch = speculation_lib.Speculation(
-      coordinator, num_workers=2, probe=lambda task: False, fence=fence, num_shards=SHARDS,
+      attempts, num_workers=2, probe=lambda task: False, fence=fence, num_shards=SHARDS,
       rules=slow_closures.Rules(min_samples=4, margin=0.3))
   try:
     quick = [schedule(2 * SHARDS + i) for i in range(6)]  # Timed: the expected time.
@@ -93,6 +97,10 @@ def test_a_held_closure_runs_again_elsewhere_and_the_first_run_is_dropped(runtim
                          what="the held run to end")
     assert int(runs.numpy()) == 7  # Six quick runs and the rerun; the held one stopped.
     assert coordinator.fetch(schedule(7 * SHARDS)) == 7 * SHARDS  # The queue still works.
+    # Each successful run was heard once, from the worker that ran it; not the held one.
+    processes.wait_until(lambda: len(done) == 8, timeout=10, what="8 runs heard")
+    assert set(done) <= {0, 1} and len(done) == 8
   finally:
     gate.assign(1)
     watch.stop()
+    attempts.close()

@@ -58,7 +58,13 @@ def test_a_worker_joins_a_running_job_and_one_leaves_and_every_example_is_traine
   since = len(run.records)
   joining.resume()  # Joins: the chief takes it in once it answers steadily.
   _restart_with(run, since, left_out=())
-  run.wait_for_work([joining])  # The joined worker runs closures.
+  run.wait_for_work([joining])  # The joined worker runs closures ...
+  # ... and the progress log counts them: before the join none, after it some.
+  run.wait_for(lambda: run.poll() is not None and any(
+      dict(r.closures).get("worker:1") for r in run.records[since:]),
+               timeout=60, what="closures of worker:1 in the progress log")
+  assert not any(dict(r.closures).get("worker:1") for r in run.records[:since])
+  assert any(dict(r.closures).get("worker:0") for r in run.records[:since])
   changes = [(e.task, e.task_change) for e in run.events() if e.task_change]
   assert changes == [("worker:1", "back")], changes
 

@@ -32,6 +32,13 @@ def test_looped_and_warming_loops_are_marked_in_the_progress_log(tmp_path):
   assert '"looped"' not in (tmp_path / progress_lib.FILE_NAME).read_text().splitlines()[3]
 
 
+def test_closures_per_worker_are_kept_in_a_loop_record(tmp_path):
+  log = progress_lib.ProgressLog(str(tmp_path))
+  log.append(200, now=1.0, closures=[("worker:1", 3), ("worker:0", 4)])
+  log.append(400, now=2.0)
+  assert [r.closures for r in log.read_new()] == [(("worker:0", 4), ("worker:1", 3)), ()]
+
+
 def test_a_superseded_coordinator_writes_no_record_and_its_late_ones_are_dropped(tmp_path):
   from tfps.base import errors
   from tfps.recovery import chief_lease

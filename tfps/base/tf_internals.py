@@ -315,15 +315,16 @@ class ClosureAttempts:
   TensorFlow's worker thread of a taken attempt goes on waiting for its
   worker; whatever that run gives when it ends (its result, its error, a put
   back after a worker failure) is dropped, so the queue and the closure's
-  output hear only of the run that replaced it. `on_end(attempt)` is called
-  when a taken attempt's thread is done with it.
+  output hear only of the run that replaced it. Listeners: each of `on_end`
+  hears `attempt` when a taken attempt's thread is done with it; each of
+  `on_done` hears `(attempt, seconds)` when a run succeeded.
   """
 
-  def __init__(self, coordinator, clock, on_end=None, on_done=None):
+  def __init__(self, coordinator, clock):
     import threading  # pylint: disable=import-outside-toplevel
     self._clock = clock
-    self._on_end = on_end or (lambda attempt: None)
-    self._on_done = on_done or (lambda seconds: None)
+    self.on_end: list = []
+    self.on_done: list = []
     self._lock = threading.Lock()
     self._local = threading.local()
     self._running: dict[int, ClosureAttempt] = {}
@@ -398,9 +399,12 @@ class ClosureAttempts:
             del self._running[worker.worker_index]
           attempt.finished = True
         if attempt.taken_away:
-          self._on_end(attempt)
+          for listener in self.on_end:
+            listener(attempt)
         elif attempt.succeeded:
-          self._on_done(self._clock() - attempt.started)
+          seconds = self._clock() - attempt.started
+          for listener in self.on_done:
+            listener(attempt, seconds)
     return process_closure
 
   def _guard_output(self, closure) -> None:
@@ -442,7 +446,6 @@ class _DropWhen:
     return not self._drop()
 
 
-def track_closures(coordinator, clock, on_end=None, on_done=None) -> ClosureAttempts:
-  """Tracks `coordinator`'s closures per worker thread (`ClosureAttempts`);
-  `on_done(seconds)` hears each successful run's time."""
-  return ClosureAttempts(coordinator, clock, on_end, on_done)
+def track_closures(coordinator, clock) -> ClosureAttempts:
+  """Tracks `coordinator`'s closures per worker thread (`ClosureAttempts`)."""
+  return ClosureAttempts(coordinator, clock)

@@ -37,6 +37,8 @@ class FaultOutcome:
   # The median time of the loops after its recovery, up to the next fault:
   # against `loop_before`, what the fault changed for good (a join: more workers).
   loop_after: float | None = None
+  # The closures each worker ran in those loops (a joined worker's among them).
+  closures_after: dict[str, int] = dataclasses.field(default_factory=dict)
 
   @property
   def stall_beyond_loop(self) -> float | None:
@@ -53,6 +55,7 @@ class FaultOutcome:
             "longest_stall_seconds": self.longest_stall,
             "stall_beyond_loop_seconds": self.stall_beyond_loop,
             "loop_seconds_before": self.loop_before, "loop_seconds_after": self.loop_after,
+            "closures_per_worker_after": dict(sorted(self.closures_after.items())),
             "steps_lost": self.steps_lost}
 
 
@@ -90,6 +93,7 @@ class _InFlight:
   window_open: bool = True
   loop_before: float | None = None
   loops_after: list[float] = dataclasses.field(default_factory=list)
+  closures_after: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
   @property
   def stall_known(self) -> bool:
@@ -196,6 +200,7 @@ class RecoveryTracker:
           for f in recovered:  # Ordinary loops after a recovery, before the next fault.
             if f.window_open:
               f.loops_after.append(seconds)
+              f.closures_after.update(dict(record.closures))
         self._last_loop_end = record.time
 
   @property
@@ -207,8 +212,17 @@ class RecoveryTracker:
                          f.seconds_to_recover, f.steps_lost,
                          round(f.longest_stall, 2) if f.stall_known else None,
                          f.loop_before,
-                         round(statistics.median(f.loops_after), 2) if f.loops_after else None)
+                         round(statistics.median(f.loops_after), 2) if f.loops_after else None,
+                         dict(f.closures_after))
             for f in self._faults]
+
+
+def closures_per_worker(records: Sequence[progress_lib.Progress]) -> dict[str, int]:
+  """The closures each worker ran to success over `records` (the run's JSON line)."""
+  total: collections.Counter = collections.Counter()
+  for record in records:
+    total.update(dict(record.closures))
+  return dict(sorted(total.items()))
 
 
 def fault_kind(fault: dict) -> str:

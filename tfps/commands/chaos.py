@@ -214,7 +214,8 @@ def _goodput_and_timeline(model_dir: str, report: dict) -> dict:
   except (OSError, ValueError) as e:  # The picture is a convenience, never the verdict.
     logging.warning("timeline not drawn: %s", e)
     path = None
-  return {"goodput": measured.as_dict(), "timeline": path}
+  return {"goodput": measured.as_dict(), "timeline": path,
+          "closures_per_worker": tracker_lib.closures_per_worker(records)}
 
 
 def _checks(result: dict, train_steps: int, model_dir: str) -> dict[str, bool]:

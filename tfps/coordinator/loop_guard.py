@@ -97,7 +97,8 @@ class LoopGuard:
       reexecuted = loop_input.reexecuted
     self._progress.append(step, chunks=chunks, reexecuted=reexecuted or 0,
                           looped=loop_input is not None and loop_input.looped,
-                          warming=loop_input is not None and loop_input.warming)
+                          warming=loop_input is not None and loop_input.warming,
+                          closures=getattr(loop_input, "closures", ()))
     if ledger is not None and ledger.epochs_completed > self._epochs_logged:
       self._epochs_logged = ledger.epochs_completed
       self._events.append(events_lib.Event(

@@ -29,13 +29,16 @@ _RECENT = 64  # Closures whose times make the expected time.
 
 
 class Speculation:
-  """Watches `coordinator`'s closures (see the module docstring) until `stop()`.
+  """Watches a coordinator's closures (see the module docstring) until `stop()`.
 
-  `probe(task_index)`: whether that worker (`worker:task_index`) answers (within `PROBE_SECONDS`);
-  `fence`/`num_shards`: positioned input's, else None.
+  `attempts`: the coordinator's closures as its worker threads run them
+  (`tf_internals.track_closures`); `probe(task_index)`: whether that worker
+  (`worker:task_index`) answers (within `PROBE_SECONDS`); `fence`/`num_shards`:
+  positioned input's, else None.
   """
 
-  def __init__(self, coordinator, *, num_workers: int, probe: Callable[[int], bool],
+  def __init__(self, attempts: tf_internals.ClosureAttempts, *, num_workers: int,
+               probe: Callable[[int], bool],
                fence: closure_fence.ClosureFence | None = None, num_shards: int | None = None,
                rules: slow_closures.Rules = slow_closures.Rules(),
                clock: Callable[[], float] = time.monotonic):
@@ -45,8 +48,9 @@ class Speculation:
     self._answers: dict[int, bool] = {}  # id(attempt): the probe's answer.
     self.rerun = 0  # Closures taken off a worker and queued again.
     self.dropped = 0  # Taken runs that ended later (their outcome dropped).
-    self._attempts = tf_internals.track_closures(coordinator, clock, on_end=self._ended,
-                                                 on_done=self._durations.append)
+    self._attempts = attempts
+    attempts.on_end.append(self._ended)
+    attempts.on_done.append(lambda attempt, seconds: self._durations.append(seconds))
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._watch, name="tfps-slow-closures", daemon=True)
     self._thread.start()
@@ -54,7 +58,6 @@ class Speculation:
   def stop(self) -> None:
     self._stop.set()
     self._thread.join(timeout=5)
-    self._attempts.close()
 
   def _watch(self) -> None:
     while not self._stop.wait(POLL_SECONDS):

@@ -49,6 +49,7 @@ Step counting and retries (at-least-once):
   attempt's).
 """
 
+import collections
 import contextlib
 import dataclasses
 import math
@@ -62,6 +63,7 @@ import orbit
 import tensorflow as tf
 
 from tfps.recovery import closure_plan
+from tfps.base import tf_internals
 from tfps.cluster import readiness
 from tfps.cluster import spec as spec_lib
 from tfps.coordinator import closure_fence
@@ -127,13 +129,16 @@ class LoopInput:
   `looped`: its full-size closures were the fast-start ones (`closure_plan`):
   a slower loop than the run's fault-free speed (`chaos.goodput`).
   `warming`: the workers also built failover graphs in it: its time is not
-  its steps' (`closure_plan.recent_step_seconds`).
+  its steps' (`closure_plan.recent_step_seconds`). `closures`: (worker, closures
+  it ran to success) since the loop before (a closure whose worker thread
+  ends just after the join may count in the next loop).
   """
 
   chunks: tuple[ledger_lib.Chunk, ...] = ()
   reexecuted: int = 0
   looped: bool = False
   warming: bool = False
+  closures: tuple[tuple[str, int], ...] = ()
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -241,6 +246,10 @@ class PSTrainer(orbit.StandardTrainer):
     self._rerun_slow_closures = options.rerun_slow_closures
     self._fence: closure_fence.ClosureFence | None = None  # Positioned, rerunning closures.
     self.speculation: speculation_lib.Speculation | None = None  # Started at the first loop.
+    self._attempts: tf_internals.ClosureAttempts | None = None  # From the first loop.
+    # Closures each worker ran to success since the last loop end ("worker:1": 7).
+    self._closures_done: collections.Counter[str] = collections.Counter()
+    self._closures_lock = threading.Lock()
     self._max_closure_seconds = options.max_closure_seconds
     self.step_seconds = options.step_seconds  # A worker's, measured by each loop.
     self.closure_overhead = 0.0  # A closure's own seconds (dispatch, iterator): calibrated.
@@ -423,9 +432,12 @@ class PSTrainer(orbit.StandardTrainer):
   def _loop(self, iterator, num_steps) -> None:
     """One train loop: its closures on every worker, then join (see the module docstring)."""
     loop = _Loop(start_step=self._read_step(), steps=int(num_steps))
+    if self._attempts is None:
+      self._attempts = tf_internals.track_closures(self._runtime.coordinator, time.monotonic)
+      self._attempts.on_done.append(self._count_closure)
     if self.speculation is None and self._rerun_slow_closures and self._runtime.num_workers > 1:
       self.speculation = speculation_lib.Speculation(
-          self._runtime.coordinator, num_workers=self._runtime.num_workers,
+          self._attempts, num_workers=self._runtime.num_workers,
           probe=self._worker_answers, fence=self._fence,
           num_shards=self.ensure_ledger().num_shards if self._fence is not None else None)
     # Traced in scope so that the trainer sees the strategy it was built in.
@@ -532,8 +544,11 @@ class PSTrainer(orbit.StandardTrainer):
     self._written_out_loops += loop.written_out
     self._fast_loops += not loop.written_out
     reexecuted = self._count_each_step_once(loop.start_step, scheduled_steps)
+    with self._closures_lock:
+      done, self._closures_done = self._closures_done, collections.Counter()
     self.last_loop = LoopInput(chunks=tuple(loop.chunks), reexecuted=reexecuted,
-                               looped=not loop.written_out, warming=loop.warming)
+                               looped=not loop.written_out, warming=loop.warming,
+                               closures=tuple(sorted(done.items())))
     # After join() every closure has its result; fetching is one small
     # read per closure (a few per loop), not per step.
     self._loop_logs = step_logs.loop_means(
@@ -543,6 +558,11 @@ class PSTrainer(orbit.StandardTrainer):
       step = None if loop.start_step is None else loop.start_step + scheduled_steps
       self._warm.after_loop(step, None if self.target is None or step is None
                             else max(0, self.target - step))
+
+  def _count_closure(self, attempt: tf_internals.ClosureAttempt, seconds: float) -> None:
+    del seconds  # A worker thread's: counted for the loop's record.
+    with self._closures_lock:
+      self._closures_done[f"worker:{attempt.task_index}"] += 1
 
   def _worker_answers(self, task_index: int) -> bool:
     task = spec_lib.TaskId(spec_lib.JobType.WORKER, task_index)

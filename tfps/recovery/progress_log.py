@@ -53,6 +53,8 @@ class Progress:
   pid: int | None = None
   # The chief lease generation of the coordinator that wrote it (0: no lease).
   generation: int = 0
+  # The closures each worker ran to success in the loop: (("worker:0", 7), ...).
+  closures: tuple[tuple[str, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +118,7 @@ class ProgressLog:
   def append(self, step: int, *, restored: bool = False, now: float | None = None,
              chunks=None, reexecuted: int = 0, shard_lengths=None,
              looped: bool = False, warming: bool = False, left_out=(),
-             pid: int | None = None) -> None:
+             pid: int | None = None, closures=()) -> None:
     generation = 0
     if self._fence is not None:
       self._fence.check(f"the progress record of step {step}")
@@ -140,6 +142,8 @@ class ProgressLog:
       record["pid"] = int(pid)
     if generation:
       record["generation"] = generation
+    if closures:
+      record["closures"] = {str(task): int(n) for task, n in closures}
     with open(self.path, "a", encoding="utf-8") as f:
       f.write(json.dumps(record) + "\n")
 
@@ -163,6 +167,8 @@ class ProgressLog:
 
 
 def _record(fields: dict) -> Progress:
+  if "closures" in fields:
+    fields["closures"] = tuple(sorted(fields["closures"].items()))
   for name in ("chunks", "shard_lengths", "left_out"):
     if fields.get(name) is not None:
       fields[name] = tuple(tuple(v) if isinstance(v, list) else v for v in fields[name])
