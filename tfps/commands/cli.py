@@ -66,7 +66,8 @@ flags.DEFINE_string("chief_host", None, "host:port of the chief.")
 flags.DEFINE_enum("cluster_from", "flags", ["flags", "jobset"],
                   "flags: the cluster from --cluster_spec, host flags or TF_CONFIG; jobset: "
                   "derived from this JobSet pod's name and env with --num_ps, --num_workers "
-                  "and --task_port (what `tfps k8s` renders; docs/deployment.md).")
+                  "(--max_workers) and --task_port (what `tfps k8s` renders; "
+                  "docs/deployment.md).")
 flags.DEFINE_integer("task_port", 2222, "With --cluster_from=jobset: every task's TF port.")
 flags.DEFINE_integer("inter_op_threads", None, "TF inter-op threads of a ps/worker server.")
 flags.DEFINE_integer("intra_op_threads", None,
@@ -111,9 +112,10 @@ _section("training")
 flags.DEFINE_integer("num_ps", 2, "tfps local/k8s, run --cluster_from=jobset: parameter servers.")
 flags.DEFINE_integer("num_workers", 2, "tfps local/k8s, run --cluster_from=jobset: workers.")
 flags.DEFINE_integer("max_workers", None,
-                     "tfps local/chaos: workers the cluster has room for (default: "
-                     "--num_workers). --num_workers start; the others may join while it "
-                     "trains (tfps chaos: worker:N@stepS:join), and the chief trains once "
+                     "tfps local/chaos/k8s, run --cluster_from=jobset: workers the cluster has "
+                     "room for (default: --num_workers). --num_workers start; the others may "
+                     "join while it trains (tfps chaos: worker:N@stepS:join; tfps k8s: scale "
+                     "the JobSet's worker Job, docs/deployment.md), and the chief trains once "
                      "--min_workers answer (here by default --num_workers).")
 flags.DEFINE_bool("isolate_network", True,
                   "tfps local: run the cluster in a private network namespace (needs root).")
@@ -182,11 +184,12 @@ _HOST_ONLY = {"cluster_spec", "job_name", "task_index", "ps_hosts", "worker_host
               "exclude_tasks", "lease_generation", "run_spec", "result_file"}
 _CHIEF = [f for f in _sections["cluster"] if f not in _HOST_ONLY] + _sections["training"]
 COMMAND_FLAGS = {
-    "run": _sections["cluster"] + ["num_ps", "num_workers", "chief_standby"]
+    "run": _sections["cluster"] + ["num_ps", "num_workers", "max_workers", "chief_standby"]
            + _sections["training"],
     "local": _CHIEF + ["graph_cache_dir"] + _sections["local"],
     "chaos": _CHIEF + ["graph_cache_dir"] + _sections["local"] + _sections["chaos"],
-    "k8s": _CHIEF + ["num_ps", "num_workers", "chief_standby"] + _sections["k8s"],
+    "k8s": _CHIEF + ["num_ps", "num_workers", "max_workers", "chief_standby"]
+           + _sections["k8s"],
     "bench": ["model_dir", "num_ps", "num_workers", "global_batch_size", "steps_per_loop",
               "steps_per_closure", "checkpoint_interval", "min_shard_bytes", "train_steps",
               "seed", "isolate_network", "ready_timeout", "faults"] + _sections["bench"],

@@ -27,7 +27,8 @@ def task_config_from_flags(flags) -> spec_lib.TaskConfig:
       raise spec_lib.ClusterSpecError(
           "--cluster_from=jobset: derives the cluster itself; drop --cluster_spec and host flags")
     layout = jobset_env.JobSetLayout(num_ps=flags.num_ps, num_workers=flags.num_workers,
-                                     port=flags.task_port, chief_standby=flags.chief_standby)
+                                     port=flags.task_port, chief_standby=flags.chief_standby,
+                                     max_workers=flags.max_workers)
     return jobset_env.task_config(os.environ, layout)
   if flags.cluster_spec:
     return spec_lib.from_json_file(

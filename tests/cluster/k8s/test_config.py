@@ -10,6 +10,7 @@ from tfps.cluster.k8s import config as config_lib
     (dict(name="Bad_Name"), "name ('Bad_Name') must be a DNS label"),
     (dict(image=""), "image: required"),
     (dict(num_workers=0), "num_workers (0) must be a positive integer"),
+    (dict(num_workers=3, max_workers=2), "max_workers (2) must be an integer >= num_workers (3)"),
     (dict(model_dir="/model/x", volume_claim=None), "volume_claim is required"),
     (dict(model_dir="/elsewhere"), "must be under /model/"),
 ])

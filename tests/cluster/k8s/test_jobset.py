@@ -201,3 +201,89 @@ def test_the_tfjob_format_refuses_a_standby_chief(tfps):
   result = tfps(["k8s", "--format=tfjob", "--image=img", "--chief_standby"])
   assert result.returncode == 2 and "chief_standby" in result.stderr
   assert len(result.stderr.strip().splitlines()) == 1
+
+
+# --- elastic workers (--max_workers) ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def elastic():
+  return jobset.render(config_lib.JobManifestConfig(
+      name="ctr", image="img", num_ps=2, num_workers=2, max_workers=5,
+      extra_flags=("--train_steps=9000",)))
+
+
+def _args(rjob: dict) -> list[str]:
+  (container,) = _pod(rjob)["containers"]
+  return container["args"]
+
+
+def test_without_max_workers_nothing_elastic_is_rendered(documents):
+  for rjob in _rjobs(documents[0]).values():
+    assert not any(a.startswith(("--max_workers", "--min_workers")) for a in _args(rjob))
+
+
+def test_elastic_workers_start_at_num_workers_in_the_one_indexed_job(elastic):
+  manifest, _ = elastic
+  k8s_schemas.validate_jobset(manifest)
+  rjobs = _rjobs(manifest)
+  assert list(rjobs) == ["chief", "ps", "worker"]
+  for name, count in {"chief": 1, "ps": 2, "worker": 2}.items():
+    job = rjobs[name]["template"]["spec"]
+    # `replicas` stays 1: JobSet refuses to change it on a running JobSet; the
+    # worker Job's completions and parallelism are what scaling changes.
+    assert rjobs[name]["replicas"] == 1
+    assert (job["completionMode"], job["completions"], job["parallelism"]) == (
+        "Indexed", count, count)
+  worker = rjobs["worker"]["template"]["spec"]
+  assert worker["backoffLimitPerIndex"] == jobset.BACKOFF_LIMIT and "backoffLimit" not in worker
+
+
+def test_every_elastic_pod_names_max_workers_and_only_the_chief_min_workers(elastic):
+  for name, rjob in _rjobs(elastic[0]).items():
+    args = _args(rjob)
+    assert args[:6] == ["run", "--cluster_from=jobset", "--num_ps=2", "--num_workers=2",
+                        "--max_workers=5", "--task_port=2222"]
+    min_workers = [a for a in args if a.startswith("--min_workers")]
+    assert min_workers == (["--min_workers=2"] if name == "chief" else []), name
+    assert "--train_steps=9000" in args
+
+
+def test_a_users_min_workers_is_kept_as_given(tfps):
+  result = tfps(["k8s", "--image=img", "--job=j", "--num_workers=3", "--max_workers=6",
+                 "--min_workers=1"])
+  assert result.returncode == 0, result.stderr
+  manifest, _ = yaml.safe_load_all(result.stdout)
+  k8s_schemas.validate_jobset(manifest)
+  for rjob in _rjobs(manifest).values():
+    # With every other run flag, on every pod (as without --max_workers); never twice.
+    assert [a for a in _args(rjob) if a.startswith("--min_workers")] == ["--min_workers=1"]
+  assert "--max_workers=6" in _args(_rjobs(manifest)["worker"])
+
+
+def test_the_cli_renders_elastic_workers_with_a_standby_chief(tfps):
+  result = tfps(["k8s", "--image=img", "--job=j", "--num_workers=2", "--max_workers=4",
+                 "--chief_standby"])
+  assert result.returncode == 0, result.stderr
+  manifest, _ = yaml.safe_load_all(result.stdout)
+  k8s_schemas.validate_jobset(manifest)
+  chief = _rjobs(manifest)["chief"]
+  assert chief["template"]["spec"]["completions"] == 2  # Both chief pods, as before.
+  assert {"--chief_standby", "--max_workers=4", "--min_workers=2"} <= set(_args(chief))
+  assert _rjobs(manifest)["worker"]["template"]["spec"]["completions"] == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--num_workers=3", "--max_workers=2"],
+     "max_workers (2) must be an integer >= num_workers (3)"),
+    (["--format=tfjob", "--max_workers=3"],
+     "max_workers (3): the TFJob format has a fixed number of workers"),
+    (["--num_workers=2", "--max_workers=4", "--min_workers=5"],
+     "min_workers (5) must be at most max_workers (4)"),
+    (["--num_workers=2", "--min_workers=3"], "min_workers (3) must be at most num_workers (2)"),
+])
+def test_bad_elastic_flags_are_one_line_exit_2(tfps, args, message):
+  result = tfps(["k8s", "--image=img", *args])
+  assert result.returncode == 2, result.stderr
+  assert result.stderr.startswith(f"tfps: error: {message}")
+  assert len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""

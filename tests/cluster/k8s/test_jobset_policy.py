@@ -70,3 +70,25 @@ def test_the_jobset_succeeds_with_its_chief_alone():
   assert outcome == Outcome.SUCCEEDED
   outcome, _ = _exit(jobset_policy.PlayState(), "worker", 0, 0)
   assert outcome == Outcome.INDEX_DONE
+
+
+def test_elastic_workers_keep_the_per_index_backoff_after_scaling():
+  manifest, _ = jobset.render(config_lib.JobManifestConfig(
+      name="j", image="i", num_ps=2, num_workers=2, max_workers=4))
+  # Scaled up to 4 as docs/deployment.md says: the worker Job's completions and parallelism.
+  manifest["spec"]["replicatedJobs"][2]["template"]["spec"].update(completions=4, parallelism=4)
+  policy = jobset_policy.JobSetPolicy.of(manifest)
+  assert policy.job("worker").backoff_limit_per_index == jobset.BACKOFF_LIMIT
+  state = jobset_policy.PlayState()
+  for index in (3, 2, 1):  # Three crash-looping workers, the new ones first: each dropped.
+    for _ in range(jobset.BACKOFF_LIMIT):
+      outcome, state = jobset_policy.after_exit(policy, state, job="worker", index=index,
+                                                exit_code=137)
+      assert outcome == Outcome.REPLACE_POD
+    outcome, state = jobset_policy.after_exit(policy, state, job="worker", index=index,
+                                              exit_code=137)
+    assert outcome == Outcome.INDEX_DONE  # Worker 0 still runs: the job goes on.
+  for _ in range(jobset.BACKOFF_LIMIT + 1):
+    outcome, state = jobset_policy.after_exit(policy, state, job="worker", index=0,
+                                              exit_code=137)
+  assert outcome == Outcome.RESTART_ALL  # Every worker index failed: the Job failed.

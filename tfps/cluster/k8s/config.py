@@ -29,7 +29,10 @@ class JobManifestConfig:
   Attributes:
     name: the job's name (a DNS label; JobSet pod names are built from it).
     image: container image with tfps installed.
-    num_ps, num_workers: replica counts.
+    num_ps, num_workers: replica counts (the workers the job starts with).
+    max_workers: elastic workers (JobSet only): every pod's cluster spec
+      names this many workers, so the worker Job can be scaled up to it while
+      the job runs; None renders a fixed number of workers.
     model_dir: a bucket path (`gs://...`, `s3://...`), or a path under the
       shared volume claim `volume_claim` mounted at /model.
     volume_claim: name of a ReadWriteMany PersistentVolumeClaim, or None
@@ -46,6 +49,7 @@ class JobManifestConfig:
   image: str
   num_ps: int = 2
   num_workers: int = 2
+  max_workers: int | None = None
   model_dir: str = f"{MODEL_MOUNT}/run"
   volume_claim: str | None = "tfps-model"
   model_mount: str = MODEL_MOUNT
@@ -63,6 +67,10 @@ class JobManifestConfig:
     for field in ("num_ps", "num_workers"):
       if getattr(self, field) < 1:
         raise errors.UsageError(f"{field} ({getattr(self, field)}) must be a positive integer")
+    if self.max_workers is not None and not (
+        isinstance(self.max_workers, int) and self.max_workers >= self.num_workers):
+      raise errors.UsageError(f"max_workers ({self.max_workers!r}) must be an integer >= "
+                              f"num_workers ({self.num_workers})")
     if not self.bucket_model_dir and not self.volume_claim:
       raise errors.UsageError(
           f"model_dir ({self.model_dir!r}) is not a bucket path, so volume_claim is required")
@@ -71,6 +79,10 @@ class JobManifestConfig:
                               f"{self.model_mount}/ (the shared volume)")
     if self.grace_seconds <= 2:
       raise errors.UsageError(f"grace_seconds ({self.grace_seconds}) must be more than 2")
+
+  @property
+  def elastic(self) -> bool:
+    return self.max_workers is not None
 
   @property
   def bucket_model_dir(self) -> bool:

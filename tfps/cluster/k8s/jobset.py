@@ -27,6 +27,14 @@ Job each, a pod per task), and no TF_CONFIG: every pod runs
   * `successPolicy`: the JobSet succeeds when the chief's Job does; JobSet
     then deletes the ps and worker Jobs, whose servers never exit by
     themselves.
+
+Elastic workers (`max_workers`): the same Jobs; the worker Job starts with
+`num_workers` pods, every pod's command names `max_workers` workers
+(`--max_workers`) and the chief trains once `--min_workers` answer. Scaling
+the worker Job up to `max_workers` (its `completions` with `parallelism`,
+which JobSet lets change with its `ElasticJobSet` feature gate) starts the
+workers of the next indexes, and the chief takes them in. Per-index backoff
+stays as it is: a crash-looping worker is still dropped alone.
 """
 
 from tfps.base import errors
@@ -74,7 +82,7 @@ def render(config: config_lib.JobManifestConfig) -> list[dict]:
 
 def _replicated_job(config: config_lib.JobManifestConfig,
                     role: spec_lib.JobType) -> dict:
-  count = _layout(config).count(role)
+  count = _pods_at_start(config, role)
   job_spec = {
       "completionMode": "Indexed",
       "completions": count,
@@ -104,22 +112,43 @@ def _apart(config: config_lib.JobManifestConfig, role: spec_lib.JobType) -> dict
 
 
 def _layout(config: config_lib.JobManifestConfig) -> jobset_env.JobSetLayout:
-  """What the pods are told on their command line, and the replica count of each role."""
+  """What the pods are told on their command line: the tasks of each role they name."""
   return jobset_env.JobSetLayout(num_ps=config.num_ps, num_workers=config.num_workers,
-                                 port=config_lib.TF_PORT, chief_standby=config.chief_standby)
+                                 port=config_lib.TF_PORT, chief_standby=config.chief_standby,
+                                 max_workers=config.max_workers)
+
+
+def _pods_at_start(config: config_lib.JobManifestConfig, role: spec_lib.JobType) -> int:
+  """The Job's pods as rendered: elastic workers start at `num_workers`, with room for more."""
+  if role == spec_lib.JobType.WORKER:
+    return config.num_workers
+  return _layout(config).count(role)
 
 
 def _container(config: config_lib.JobManifestConfig, role: spec_lib.JobType) -> dict:
   layout = _layout(config)
   cluster_args = ("--cluster_from=jobset", f"--num_ps={layout.num_ps}",
-                  f"--num_workers={layout.num_workers}", f"--task_port={layout.port}",
-                  *(("--chief_standby",) if layout.chief_standby else ()))
+                  f"--num_workers={layout.num_workers}",
+                  *((f"--max_workers={layout.max_workers}",) if config.elastic else ()),
+                  f"--task_port={layout.port}",
+                  *(("--chief_standby",) if layout.chief_standby else ()),
+                  *_min_workers(config, role))
   env = tuple(
       {"name": name, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
       for name, label in jobset_env.LABELS.items())
   env += ({"name": jobset_env.JOBSET_SUBDOMAIN, "value": config.name},)
   return pods.container(config, name=CONTAINER, chief=role == spec_lib.JobType.CHIEF,
                         cluster_args=cluster_args, env=env)
+
+
+def _min_workers(config: config_lib.JobManifestConfig, role: spec_lib.JobType) -> tuple:
+  """Elastic: the chief trains once the workers the Job starts with answer, not all
+  `max_workers` (it would wait for pods that do not exist). A `--min_workers` of the
+  user's, rendered on every pod with the other run flags, is left as it is."""
+  given = any(flag.startswith("--min_workers=") for flag in config.extra_flags)
+  if not config.elastic or role != spec_lib.JobType.CHIEF or given:
+    return ()
+  return (f"--min_workers={config.num_workers}",)
 
 
 def _pod_failure_rules() -> list[dict]:

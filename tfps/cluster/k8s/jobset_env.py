@@ -24,6 +24,15 @@ A pod cannot see how many others there are: the replica counts are flags
 `chief:1`, the standby), rendered into every pod's command. Names, not
 addresses: a pod restarted at a new IP keeps its name, and the others reach it
 through DNS. Pure: the caller passes the environment in.
+
+Elastic workers (`--max_workers=M`, also on every pod's command line): the
+layout is the same, one Indexed Job per role, and the cluster spec names M
+workers, `<jobset>-worker-0-0` to `<jobset>-worker-0-<M-1>`, whatever number
+the worker Job runs now. Scaling that Job (its `completions` and
+`parallelism`) adds or removes the pods with the highest indexes, each the
+worker of its index; a name without a pod does not answer, and the chief
+(`--min_workers`) trains on those that do. Not one Job per worker: JobSet
+does not let a running JobSet's `replicas` change (docs/deployment.md).
 """
 
 import dataclasses
@@ -60,18 +69,31 @@ class JobSetLayout:
   num_workers: int
   port: int = 2222
   chief_standby: bool = False  # Two chief pods: an active chief and its standby.
+  # Elastic: the worker Job may be scaled up to this many pods (None: fixed).
+  max_workers: int | None = None
 
   def __post_init__(self):
     for field in ("num_ps", "num_workers"):
       if getattr(self, field) < 1:
         raise JobSetEnvError(f"--{field} ({getattr(self, field)}) must be a positive integer")
+    if self.max_workers is not None and self.max_workers < self.num_workers:
+      raise JobSetEnvError(f"--max_workers ({self.max_workers}) must be at least "
+                           f"--num_workers ({self.num_workers})")
     if not 1 <= self.port <= 65535:
       raise JobSetEnvError(f"--task_port ({self.port}) is out of range 1-65535")
 
   def count(self, role: spec_lib.JobType) -> int:
+    """The tasks of `role` in the cluster spec: with elastic workers, the most there may be."""
     return {spec_lib.JobType.CHIEF: 2 if self.chief_standby else 1,
             spec_lib.JobType.PS: self.num_ps,
-            spec_lib.JobType.WORKER: self.num_workers}[role]
+            spec_lib.JobType.WORKER: self.max_workers or self.num_workers}[role]
+
+  def count_flag(self, role: spec_lib.JobType) -> str:
+    """The flag that sets `count(role)`, for errors."""
+    return {spec_lib.JobType.CHIEF: "the chief replicas (--chief_standby: 2)",
+            spec_lib.JobType.PS: "--num_ps",
+            spec_lib.JobType.WORKER: ("--num_workers" if self.max_workers is None
+                                      else "--max_workers")}[role]
 
 
 def pod_name(jobset: str, role: spec_lib.JobType, index: int) -> str:
@@ -106,10 +128,9 @@ def task_config(env: Mapping[str, str], layout: JobSetLayout) -> spec_lib.TaskCo
   index = int(index_text)
   count = layout.count(role)
   if index >= count:
-    flag = {spec_lib.JobType.PS: "--num_ps", spec_lib.JobType.WORKER: "--num_workers"}.get(
-        role, "the chief replicas (--chief_standby: 2)")
+    # With elastic workers: the worker Job was scaled past the room the pods were rendered with.
     raise JobSetEnvError(f"{JOB_COMPLETION_INDEX} ({index}) of {role.value} is not below "
-                         f"{flag} ({count})")
+                         f"{layout.count_flag(role)} ({count})")
   expected = pod_name(jobset, role, index)
   hostname = env.get(HOSTNAME)
   if hostname and hostname.split(".")[0] != expected:

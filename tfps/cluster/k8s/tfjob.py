@@ -28,6 +28,10 @@ def render(config: config_lib.JobManifestConfig) -> list[dict]:
     # The operator writes one TF_CONFIG for a single chief replica.
     raise errors.UsageError("chief_standby: the TFJob format has one chief; "
                             "use --format=jobset for a standby chief")
+  if config.elastic:
+    # The operator writes each pod's TF_CONFIG from the replica counts: no room to grow.
+    raise errors.UsageError(f"max_workers ({config.max_workers}): the TFJob format has a "
+                            "fixed number of workers; use --format=jobset for elastic workers")
   replicas = {"Chief": 1, "PS": config.num_ps, "Worker": config.num_workers}
   tfjob = {
       "apiVersion": "kubeflow.org/v1",
