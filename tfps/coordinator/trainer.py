@@ -421,13 +421,18 @@ class PSTrainer(orbit.StandardTrainer):
     return kept
 
   def _trace_cache_for(self, num_shards: int, full_size: int) -> trace_cache_lib.TraceCache:
-    """The trace cache under the key of everything that shapes these closures."""
+    """The trace cache under the key of everything that shapes these closures.
+
+    Not the number of workers: each runs the same function, so a coordinator
+    restarted for a worker that joined or left rebuilds the trace; the name a
+    worker keeps its optimized graph under holds the cluster's shape
+    (`worker_functions`)."""
     trainer_type = type(self._trainer)
     return self._trace_cache.in_cluster(self._runtime.cluster.as_dict()).extended(
         trainer=f"{trainer_type.__module__}.{trainer_type.__qualname__}",
         steps_per_closure=full_size, unroll=self._unroll,
         fast_unroll=closures_lib.FAST_UNROLL, input_shards=num_shards,
-        num_workers=self._runtime.num_workers, num_ps=self._runtime.num_ps)
+        num_ps=self._runtime.num_ps)
 
   def _loop(self, iterator, num_steps) -> None:
     """One train loop: its closures on every worker, then join (see the module docstring)."""
