@@ -86,6 +86,7 @@ def test_a_held_closure_runs_again_elsewhere_and_the_first_run_is_dropped(runtim
     quick = [schedule(2 * SHARDS + i) for i in range(6)]  # Timed: the expected time.
     coordinator.join()
     held = schedule(5)
+    watch.fenced(held)  # It checks its ticket: the rerun gets the next one.
     began = time.monotonic()
     coordinator.join()  # Returns once the rerun is done, the first run still held.
     assert time.monotonic() - began < 30
@@ -100,6 +101,13 @@ def test_a_held_closure_runs_again_elsewhere_and_the_first_run_is_dropped(runtim
     # Each successful run was heard once, from the worker that ran it; not the held one.
     processes.wait_until(lambda: len(done) == 8, timeout=10, what="8 runs heard")
     assert set(done) <= {0, 1} and len(done) == 8
+    # A closure with no ticket (an evaluator's) runs again as it is: the same arguments.
+    gate.assign(0)
+    plain = schedule(6)
+    processes.wait_until(lambda: watch.rerun == 2, timeout=30, what="the plain closure taken")
+    gate.assign(1)
+    assert plain.fetch() == 6
+    processes.wait_until(lambda: watch.dropped == 2, timeout=30, what="its first run to end")
   finally:
     gate.assign(1)
     watch.stop()

@@ -307,6 +307,12 @@ class ClosureAttempt:
     """The closure's arguments (as scheduled)."""
     return tuple(self.closure._args)  # pylint: disable=protected-access
 
+  @property
+  def output(self):
+    """The `RemoteValue` `schedule` returned for the closure (None if nobody holds it)."""
+    ref = self.closure._output_remote_value_ref  # pylint: disable=protected-access
+    return ref() if ref is not None else None
+
 
 class ClosureAttempts:
   """Which closure each of a coordinator's worker threads runs, and since when; a

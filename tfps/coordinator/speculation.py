@@ -13,6 +13,7 @@ wakes; its slot is freed once it has. Whatever the old run gives is dropped.
 
 import collections
 import threading
+import weakref
 import time
 from typing import Callable
 
@@ -34,7 +35,8 @@ class Speculation:
   `attempts`: the coordinator's closures as its worker threads run them
   (`tf_internals.track_closures`); `probe(task_index)`: whether that worker
   (`worker:task_index`) answers (within `PROBE_SECONDS`); `fence`/`num_shards`:
-  positioned input's, else None.
+  positioned input's, else None. Only the closures given to `fenced` have tickets
+  (an evaluator's closures, run by the same workers, have none).
   """
 
   def __init__(self, attempts: tf_internals.ClosureAttempts, *, num_workers: int,
@@ -49,11 +51,17 @@ class Speculation:
     self.rerun = 0  # Closures taken off a worker and queued again.
     self.dropped = 0  # Taken runs that ended later (their outcome dropped).
     self._attempts = attempts
+    self._fenced: weakref.WeakSet = weakref.WeakSet()  # Their `schedule` outputs.
     attempts.on_end.append(self._ended)
     attempts.on_done.append(lambda attempt, seconds: self._durations.append(seconds))
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._watch, name="tfps-slow-closures", daemon=True)
     self._thread.start()
+
+  def fenced(self, output) -> None:
+    """The closure `schedule` returned `output` for checks a ticket (its last two
+    arguments: shard code and first batch, `closure_fence`)."""
+    self._fenced.add(output)
 
   def stop(self) -> None:
     self._stop.set()
@@ -106,8 +114,9 @@ class Speculation:
                     "does not answer" if answers is False else "answers")
 
   def _ticket(self, attempt) -> tuple[int, int] | None:
-    if self._fence is None:
-      return None
+    output = attempt.output
+    if self._fence is None or output is None or output not in self._fenced:
+      return None  # Run again as it is: nothing stops its first run when it wakes.
     code, start = attempt.args[-2:]
     return int(code.numpy()), int(start.numpy())
 

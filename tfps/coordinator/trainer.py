@@ -533,6 +533,8 @@ class PSTrainer(orbit.StandardTrainer):
       taken += 1
       with _step_log_errors():  # Traced at the first schedule.
         remote = self._closures.schedule(coordinator, size, loop.written_out, source)
+      if chunk is not None and self.speculation is not None and self._fence is not None:
+        self.speculation.fenced(remote)  # It checks its ticket (closure_fence).
       loop.scheduled.append((size, remote))
       loop.left -= size
       if chunk is not None:
