@@ -4,8 +4,10 @@ A supervised chief trains the counting experiment (input_experiments) with
 its `counts` table split over both ps (a ShardedVariable). ps:1 is killed
 and stays down: the chief restarts at once on ps:0 alone, which then holds
 every variable, restored from the checkpoint of two shards. When ps:1 is
-back, the chief saves and restarts on both ps again. Through it all, the
-checkpoint's counts say every example was trained on once per epoch.
+back, the chief saves and restarts on both ps again. A worker the job had
+room for joins while ps:1 is down (elastic workers, `--min_workers`): the
+chief takes it in without the lost ps. Through it all, the checkpoint's
+counts say every example was trained on once per epoch.
 """
 
 import os
@@ -32,13 +34,15 @@ MIN_SHARD_BYTES = 16384
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, experiments_importable):
   del experiments_importable  # For the chief, which imports input_experiments.
-  config = local.LocalClusterConfig(num_ps=2, num_workers=1, ready_timeout=180,
+  config = local.LocalClusterConfig(num_ps=2, num_workers=2, ready_timeout=180,
                                     work_dir=str(tmp_path_factory.mktemp("failover-cluster")))
   with local.LocalCluster(config) as running:
     yield running
 
 
 def test_a_lost_ps_is_not_waited_for_and_is_taken_back_with_no_example_lost(cluster, tmp_path):
+  joining = cluster.worker(1)
+  joining.pause()  # Not answering when the job starts: it joins during the failover.
   run = chief_run.ChiefRun(cluster, str(tmp_path / "model"), [
       "--experiment=input_experiments:counting",
       f"--experiment_params=examples={EXAMPLES},work=64", "--mode=train",
@@ -48,7 +52,7 @@ def test_a_lost_ps_is_not_waited_for_and_is_taken_back_with_no_example_lost(clus
       f"--global_batch_size={BATCH}", f"--min_shard_bytes={MIN_SHARD_BYTES}",
       # Timed: as fast without ps:1, the measured rule would keep it out
       # (recovery.readmission, tested without a cluster in test_readmission).
-      "--ps_readmit=timed", "--ps_readmit_after=3"])
+      "--ps_readmit=timed", "--ps_readmit_after=3", "--min_workers=1"])
   try:
     run.chief.start()
     # Past a checkpoint of trained counts, split over both ps.
@@ -62,12 +66,20 @@ def test_a_lost_ps_is_not_waited_for_and_is_taken_back_with_no_example_lost(clus
     # Training goes on while ps:1 is still down: restored on ps:0 alone.
     restored = run.wait_for_restart_and_progress(records, timeout=180)
     assert not lost.alive
-    assert restored.left_out == ("ps:1",)  # Said in its restore record (tfps chaos reads it).
+    # Said in its restore record (tfps chaos reads it); the worker has not joined yet.
+    assert restored.left_out == ("ps:1", "worker:1")
     actions = [e for e in run.events() if e.kind == "action"]
     assert actions[-1].action == policy.Action.RESTART_WITHOUT_TASK.value
     assert "ps:1 does not answer" in actions[-1].detail
     assert "connected to 1 ps" in run.log()
     assert not [e for e in run.events() if e.action == policy.Action.WAIT_AND_RESTART.value]
+
+    # A worker joins while ps:1 is down: taken in on ps:0 alone.
+    records = len(run.records)
+    joining.resume()
+    joined = run.wait_for_restart_and_progress(records, timeout=180)
+    assert joined.left_out == ("ps:1",) and not lost.alive
+    run.wait_for_work([joining])
 
     # Back (empty): after answering for --ps_readmit_after, taken back with a save first.
     records = len(run.records)
@@ -95,4 +107,5 @@ def test_a_lost_ps_is_not_waited_for_and_is_taken_back_with_no_example_lost(clus
     assert (counts >= expected).all(), np.flatnonzero(counts < expected)[:10]
     assert (counts - expected).sum() <= accounted.reexecuted * BATCH
   finally:
+    joining.resume()
     chief_run.stop_chief(cluster)
