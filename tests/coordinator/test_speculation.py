@@ -6,6 +6,7 @@ for a ps variable instead, as long as the test wants; the rerun, whose shard
 argument counts an attempt more, does not wait.
 """
 
+import threading
 import time
 
 import pytest
@@ -88,7 +89,11 @@ def test_a_held_closure_runs_again_elsewhere_and_the_first_run_is_dropped(runtim
     held = schedule(5)
     watch.fenced(held)  # It checks its ticket: the rerun gets the next one.
     began = time.monotonic()
+    # The join's deadline: were the closure not run again, the held run goes on at 30 s.
+    deadline = threading.Timer(30, lambda: gate.assign(1))
+    deadline.start()
     coordinator.join()  # Returns once the rerun is done, the first run still held.
+    deadline.cancel()
     assert time.monotonic() - began < 30
     assert held.fetch() == 5 + SHARDS  # The rerun's outcome, under its own ticket.
     assert [q.fetch() for q in quick] == [2 * SHARDS + i for i in range(6)]

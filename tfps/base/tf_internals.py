@@ -15,12 +15,14 @@ the one the suite runs on); `check_version` says so when another is loaded.
 """
 
 import os
+import threading
 from typing import Any, Sequence
 
 import tensorflow as tf
 
 from tensorflow.core.function.polymorphism import function_type as function_type_lib
 from tensorflow.python.distribute import sharded_variable as sharded_variable_lib
+from tensorflow.python.distribute.coordinator import cluster_coordinator
 from tensorflow.python.eager import context as context_lib
 from tensorflow.python.eager.polymorphic_function import concrete_function as concrete_lib
 from tensorflow.python.framework import function_def_to_graph as function_def_to_graph_lib
@@ -151,7 +153,6 @@ def write_with_one_function(checkpoint: tf.train.Checkpoint, *, asynchronous: bo
 
 
 def _reuse_one_write_function(checkpoint) -> None:
-  import threading  # pylint: disable=import-outside-toplevel
   saver = checkpoint._saver  # pylint: disable=protected-access
   if getattr(saver, "_tfps_one_function", False):
     return
@@ -264,28 +265,33 @@ def put_back_failed_closures_first(coordinator) -> None:
   waits for it last. At the head, the next free worker runs it at once.
   """
   queue = coordinator._cluster.closure_queue  # pylint: disable=protected-access
-  # pylint: disable=protected-access
 
   def put_back(closure) -> None:
-    # TF's put_back, but for where the closure goes.
     assert closure.tag is None
-    with queue._queue_lock:
-      if queue._inflight_closure_count < 1:
-        raise AssertionError("There is no inflight closures to put_back.")
-      if queue._error:
-        closure.mark_cancelled()
-      else:
-        waiting = queue._queue
-        with waiting.mutex:
-          waiting.queue.appendleft(closure)
-          waiting.unfinished_tasks += 1
-          waiting.not_empty.notify()
-        queue._closures_queued_condition.notify()
-      queue.inflight_closure_count -= 1
-      if queue._inflight_closure_count == 0:
-        queue._no_inflight_closure_condition.notify_all()
+    _put_back_first(queue, closure)
 
   queue.put_back = put_back
+
+
+def _put_back_first(queue, closure) -> None:
+  """TensorFlow's `put_back` of an in-flight `closure`, at the head of `queue`: the
+  next free worker runs it (cancelled instead once the queue holds an error)."""
+  # pylint: disable=protected-access
+  with queue._queue_lock:
+    if queue._inflight_closure_count < 1:
+      raise AssertionError("There is no inflight closures to put_back.")
+    if queue._error:
+      closure.mark_cancelled()
+    else:
+      waiting = queue._queue
+      with waiting.mutex:
+        waiting.queue.appendleft(closure)
+        waiting.unfinished_tasks += 1
+        waiting.not_empty.notify()
+      queue._closures_queued_condition.notify()
+    queue.inflight_closure_count -= 1
+    if queue._inflight_closure_count == 0:
+      queue._no_inflight_closure_condition.notify_all()
 
 
 # -- closures taken off a slow worker (coordinator.speculation) -------------------------------
@@ -300,6 +306,7 @@ class ClosureAttempt:
     self.taken_away = False  # Queued again for another worker: this run's outcome is dropped.
     self.finished = False  # Its outcome was given to the queue: it can no longer be taken.
     self.succeeded = False
+    self.answers: bool | None = None  # Whether its worker answered a probe (None: not probed).
     self.fenced: Any = None  # What the taker fenced this run with, if anything.
 
   @property
@@ -327,7 +334,6 @@ class ClosureAttempts:
   """
 
   def __init__(self, coordinator, clock):
-    import threading  # pylint: disable=import-outside-toplevel
     self._clock = clock
     self.on_end: list = []
     self.on_done: list = []
@@ -355,29 +361,15 @@ class ClosureAttempts:
   def take_away(self, attempt: ClosureAttempt) -> bool:
     """Queues `attempt`'s closure again, first; False if it had ended meanwhile."""
     # pylint: disable=protected-access
-    queue = self._queue
     with self._lock:
       if attempt.finished or attempt.taken_away:
         return False
       attempt.taken_away = True
-      with queue._queue_lock:
-        if queue._error:  # TF is cancelling everything: leave it to that.
-          return True
-        waiting = queue._queue
-        with waiting.mutex:
-          waiting.queue.appendleft(attempt.closure)
-          waiting.unfinished_tasks += 1
-          waiting.not_empty.notify()
-        queue._closures_queued_condition.notify()
-        queue.inflight_closure_count -= 1
-        if queue._inflight_closure_count == 0:
-          queue._no_inflight_closure_condition.notify_all()
+      _put_back_first(self._queue, attempt.closure)
     # A run that had begun copying its result holds the result's lock until
     # its worker wakes: the next run must not wait for it.
-    output = attempt.closure._output_remote_value_ref
-    value = output() if output is not None else None
+    value = attempt.output
     if value is not None and value._has_fetched_to_local_lock.locked():
-      import threading  # pylint: disable=import-outside-toplevel
       value._has_fetched_to_local_lock = threading.Lock()
     return True
 
@@ -385,7 +377,6 @@ class ClosureAttempts:
     return getattr(self._local, "attempt", None)
 
   def _tracked(self, worker):
-    from tensorflow.python.distribute.coordinator import cluster_coordinator  # pylint: disable=import-outside-toplevel
     process = cluster_coordinator.Worker._process_closure  # pylint: disable=protected-access
 
     def process_closure(closure):

@@ -11,7 +11,7 @@ woken run trains at most that many steps more, counted as re-executed as a
 killed worker's partial run is. Each check runs after the steps before it
 and before those after it, so no read taken before the pause can pass it.
 
-The variable is not checkpointed; each coordinator clears it when it starts.
+The variable is not checkpointed: each coordinator makes its own, all clear.
 Closures of endless input have no chunk and no ticket: their first run, woken,
 trains on its own iterator, and its steps are counted re-executed.
 """
@@ -34,10 +34,10 @@ def shard_code(shard: int, epoch: int, num_shards: int, attempt: int = 0) -> int
   return shard + num_shards * (epoch * ATTEMPTS + attempt)
 
 
-def ticket(code: int, start: int) -> tuple[int, int]:
-  """(slot, value) of the closure of shard code `code` from batch `start`."""
-  value = (code << _START_BITS) + start + 1
-  return (code * 7919 + start) % SLOTS, value
+def ticket(code, start):
+  """(slot, value) of the closure of shard code `code` from batch `start`: Python
+  ints on the coordinator, int64 tensors in a closure (the same formula)."""
+  return (code * 7919 + start) % SLOTS, code * (1 << _START_BITS) + start + 1
 
 
 class ClosureFence:
@@ -56,10 +56,6 @@ class ClosureFence:
                                     name="tfps_closure_fence")
     self._revoked: dict[int, int] = {}  # slot: value, while a taken run may still wake.
 
-  def clear(self) -> None:
-    self.variable.assign(tf.zeros([SLOTS], tf.int64))
-    self._revoked.clear()
-
   def revoke(self, code: int, start: int) -> None:
     """The closure (`code`, `start`)'s runs begun so far fail at their next check."""
     slot, value = ticket(code, start)
@@ -76,9 +72,7 @@ class ClosureFence:
   def check(self, code: tf.Tensor, start: tf.Tensor, after: Sequence[Any] = ()) -> tf.Operation:
     """In a closure: fails it if its ticket was revoked; runs after `after`'s ops."""
     with tf.control_dependencies(list(after)):
-      code, start = tf.cast(code, tf.int64), tf.cast(start, tf.int64)
-      value = code * (1 << _START_BITS) + start + 1
-      slot = tf.math.floormod(code * 7919 + start, SLOTS)
+      slot, value = ticket(tf.cast(code, tf.int64), tf.cast(start, tf.int64))
       held = self.variable.sparse_read(slot)
       return tf.debugging.Assert(
           tf.not_equal(held, value),

@@ -47,7 +47,6 @@ class Speculation:
     self._num_workers, self._probe, self._rules, self._clock = num_workers, probe, rules, clock
     self._fence, self._num_shards = fence, num_shards
     self._durations: collections.deque[float] = collections.deque(maxlen=_RECENT)
-    self._answers: dict[int, bool] = {}  # id(attempt): the probe's answer.
     self.rerun = 0  # Closures taken off a worker and queued again.
     self.dropped = 0  # Taken runs that ended later (their outcome dropped).
     self._attempts = attempts
@@ -80,11 +79,11 @@ class Speculation:
     durations = list(self._durations)
     for attempt in self._attempts.running():
       running = now - attempt.started
-      answers = self._answers.get(id(attempt))
+      answers = attempt.answers
       verdict = slow_closures.judge(running, durations, other_workers=self._num_workers - 1,
                                     answers=answers, rules=self._rules)
       if verdict is slow_closures.Verdict.PROBE:
-        answers = self._answers[id(attempt)] = self._probe(attempt.task_index)
+        answers = attempt.answers = self._probe(attempt.task_index)
         verdict = slow_closures.judge(running, durations, other_workers=self._num_workers - 1,
                                       answers=answers, rules=self._rules)
       if verdict is slow_closures.Verdict.RERUN:
@@ -123,7 +122,6 @@ class Speculation:
   def _ended(self, attempt: tf_internals.ClosureAttempt) -> None:
     """A taken run's thread is done with it: its outcome was dropped."""
     self.dropped += 1
-    self._answers.pop(id(attempt), None)
     if attempt.fenced is not None:
       self._fence.release(*attempt.fenced)
     logging.info("worker %d's first run of a closure run again elsewhere ended%s; its "

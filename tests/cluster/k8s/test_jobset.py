@@ -70,14 +70,19 @@ def test_the_validators_reject_a_broken_jobset(documents, break_it):
     k8s_schemas.validate_jobset(broken)
 
 
-def test_one_indexed_job_per_role_with_a_pod_per_task(documents):
-  rjobs = _rjobs(documents[0])
-  assert list(rjobs) == ["chief", "ps", "worker"]
-  for name, count in {"chief": 1, "ps": 2, "worker": 3}.items():
+def _assert_one_indexed_job_each(rjobs, pods: dict) -> None:
+  """Each role (in order) is one Indexed Job (`replicas` 1) of `pods[role]` pods."""
+  assert list(rjobs) == list(pods)
+  for name, count in pods.items():
     job = rjobs[name]["template"]["spec"]
     assert rjobs[name]["replicas"] == 1
     assert (job["completionMode"], job["completions"], job["parallelism"]) == (
         "Indexed", count, count)
+
+
+def test_one_indexed_job_per_role_with_a_pod_per_task(documents):
+  rjobs = _rjobs(documents[0])
+  _assert_one_indexed_job_each(rjobs, {"chief": 1, "ps": 2, "worker": 3})
   network = documents[0]["spec"]["network"]
   assert network == {"enableDNSHostnames": True, "subdomain": "ctr-spot",
                      "publishNotReadyAddresses": True}
@@ -227,14 +232,9 @@ def test_elastic_workers_start_at_num_workers_in_the_one_indexed_job(elastic):
   manifest, _ = elastic
   k8s_schemas.validate_jobset(manifest)
   rjobs = _rjobs(manifest)
-  assert list(rjobs) == ["chief", "ps", "worker"]
-  for name, count in {"chief": 1, "ps": 2, "worker": 2}.items():
-    job = rjobs[name]["template"]["spec"]
-    # `replicas` stays 1: JobSet refuses to change it on a running JobSet; the
-    # worker Job's completions and parallelism are what scaling changes.
-    assert rjobs[name]["replicas"] == 1
-    assert (job["completionMode"], job["completions"], job["parallelism"]) == (
-        "Indexed", count, count)
+  # `replicas` stays 1: JobSet refuses to change it on a running JobSet; the
+  # worker Job's completions and parallelism are what scaling changes.
+  _assert_one_indexed_job_each(rjobs, {"chief": 1, "ps": 2, "worker": 2})
   worker = rjobs["worker"]["template"]["spec"]
   assert worker["backoffLimitPerIndex"] == jobset.BACKOFF_LIMIT and "backoffLimit" not in worker
 

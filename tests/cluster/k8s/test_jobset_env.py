@@ -12,6 +12,7 @@ from tfps.cluster.k8s import jobset_pods
 from tfps.commands import run as run_command
 
 LAYOUT = jobset_env.JobSetLayout(num_ps=2, num_workers=3)
+ELASTIC = jobset_env.JobSetLayout(num_ps=2, num_workers=2, max_workers=4)
 
 
 def _env(**overrides):
@@ -38,7 +39,7 @@ def test_the_subdomain_defaults_to_the_jobset_name_as_in_jobset():
   assert other.address == "ctr-worker-0-1.net:2222"
 
 
-@pytest.mark.parametrize("overrides, message", [
+_BAD_FIXED = [
     (dict(JOBSET_NAME=None), "JOBSET_NAME: missing (set from the pod label "
                              "jobset.sigs.k8s.io/jobset-name;"),
     (dict(JOB_COMPLETION_INDEX=None), "JOB_COMPLETION_INDEX: missing (set from Kubernetes"),
@@ -50,10 +51,25 @@ def test_the_subdomain_defaults_to_the_jobset_name_as_in_jobset():
     (dict(JOB_COMPLETION_INDEX="3", HOSTNAME=None),
      "JOB_COMPLETION_INDEX (3) of worker is not below --num_workers (3)"),
     (dict(HOSTNAME="ctr-worker-0-2"), "HOSTNAME ('ctr-worker-0-2') is not 'ctr-worker-0-1'"),
-])
-def test_a_bad_or_missing_value_is_one_line_naming_it(overrides, message):
+]
+_BAD_ELASTIC = [
+    # The worker Job scaled past the room the pods were rendered with.
+    (dict(JOB_COMPLETION_INDEX="4", HOSTNAME="ctr-worker-0-4"),
+     "JOB_COMPLETION_INDEX (4) of worker is not below --max_workers (4)"),
+    # Tasks are pods of job 0, elastic or not (JobSet's replicas stay 1).
+    (dict(JOB_INDEX="1"), "JOB_INDEX ('1') must be 0"),
+    (dict(REPLICATED_JOB_NAME="ps", JOB_COMPLETION_INDEX="2", HOSTNAME=None),
+     "JOB_COMPLETION_INDEX (2) of ps is not below --num_ps (2)"),
+    (dict(HOSTNAME="ctr-worker-1-0"), "HOSTNAME ('ctr-worker-1-0') is not 'ctr-worker-0-1'"),
+]
+
+
+@pytest.mark.parametrize("layout, overrides, message",
+                         [(LAYOUT, *case) for case in _BAD_FIXED]
+                         + [(ELASTIC, *case) for case in _BAD_ELASTIC])
+def test_a_bad_or_missing_value_is_one_line_naming_it(layout, overrides, message):
   with pytest.raises(jobset_env.JobSetEnvError) as raised:
-    jobset_env.task_config(_env(**overrides), LAYOUT)
+    jobset_env.task_config(_env(**overrides), layout)
   assert message in str(raised.value) and "\n" not in str(raised.value)
   assert raised.value.exit_code == 2
 
@@ -110,7 +126,6 @@ def test_tfps_run_with_a_broken_pod_env_is_one_line_exit_2(tfps):
 
 # --- elastic workers: --max_workers on the pod's command line ------------------------------
 
-ELASTIC = jobset_env.JobSetLayout(num_ps=2, num_workers=2, max_workers=4)
 
 
 def test_an_elastic_pod_names_max_workers_workers_the_same_way():
@@ -131,23 +146,6 @@ def test_the_layout_is_the_pods_flags_not_a_guess():
     jobset_env.task_config(env, LAYOUT)
   elastic = jobset_env.JobSetLayout(num_ps=2, num_workers=3, max_workers=4)
   assert str(jobset_env.task_config(env, elastic).task) == "worker:3"
-
-
-@pytest.mark.parametrize("overrides, message", [
-    # The worker Job scaled past the room the pods were rendered with.
-    (dict(JOB_COMPLETION_INDEX="4", HOSTNAME="ctr-worker-0-4"),
-     "JOB_COMPLETION_INDEX (4) of worker is not below --max_workers (4)"),
-    # Tasks are pods of job 0, elastic or not (JobSet's replicas stay 1).
-    (dict(JOB_INDEX="1"), "JOB_INDEX ('1') must be 0"),
-    (dict(REPLICATED_JOB_NAME="ps", JOB_COMPLETION_INDEX="2", HOSTNAME=None),
-     "JOB_COMPLETION_INDEX (2) of ps is not below --num_ps (2)"),
-    (dict(HOSTNAME="ctr-worker-1-0"), "HOSTNAME ('ctr-worker-1-0') is not 'ctr-worker-0-1'"),
-])
-def test_a_bad_elastic_pod_env_is_one_line_naming_it(overrides, message):
-  with pytest.raises(jobset_env.JobSetEnvError) as raised:
-    jobset_env.task_config(_env(**overrides), ELASTIC)
-  assert message in str(raised.value) and "\n" not in str(raised.value)
-  assert raised.value.exit_code == 2
 
 
 def test_max_workers_below_num_workers_is_refused():
