@@ -26,7 +26,8 @@ def test_parse_explicit_faults_sorted_by_time():
 
 @pytest.mark.parametrize("text, message", [
     ("", "no fault"),
-    ("worker:1", "must look like TARGET@SECONDS|stepN:ACTION"),
+    ("worker:1", "must look like TARGET@SECONDS|stepN|standby:ACTION"),
+    ("chief:0@standby:kill+3", "@standby needs a standby chief (--chief_standby)"),
     ("worker:1@x:kill", "must look like"),
     ("worker:7@1:kill", "no task worker:7 in this cluster"),
     ("evaluator:0@1:kill", "no task evaluator:0"),
@@ -116,6 +117,16 @@ def test_faults_by_step_parse_and_wait_for_their_step():
   assert [(str(f.target), f.at_step) for f in faults] == [("chief:0", 100), ("worker:1", 500)]
   assert str(faults[1]) == "worker:1@step500:kill+2"
   assert not faults[0].due(seconds=1e6, step=99) and faults[0].due(seconds=0.0, step=100)
+
+
+def test_a_fault_at_standby_waits_for_the_prepared_standby_chief_whatever_the_step():
+  cluster = spec_lib.ClusterSpec.from_dict({
+      "chief": ["c:1", "c:2"], "ps": ["p:1"], "worker": ["w:1", "w:2"]})
+  faults = faults_lib.parse_faults("worker:1@step500:kill+2,chief:0@standby:kill+never", cluster)
+  assert [str(f) for f in faults] == ["chief:0@standby:kill+never", "worker:1@step500:kill+2"]
+  assert not faults[0].due(seconds=1e6, step=10**9, standby_prepared=False)
+  assert faults[0].due(seconds=0.0, step=0, standby_prepared=True)
+  assert not faults[1].due(seconds=0.0, step=499, standby_prepared=True)
 
 
 def test_seconds_and_steps_do_not_mix():

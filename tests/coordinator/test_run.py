@@ -16,6 +16,8 @@ import tensorflow as tf
 from tfps.base import errors
 from tfps.cluster import spec as spec_lib
 from tfps.coordinator import run as coordinator_run
+from tfps.recovery import coverage
+from tfps.recovery import interrupts as interrupts_lib
 from tfps.recovery import progress_log
 
 from tests.support import inprocess
@@ -221,3 +223,30 @@ def test_the_chief_log_drops_routine_lines_only():
   assert not kept("Starting async checkpoint save on the device: /job:chief/...")
   assert not kept("Sync on async checkpoint saving.")
   assert kept("saved checkpoint to /m/ckpt-200.")
+
+
+def test_a_coordinator_prepared_ahead_restores_the_checkpoint_saved_after_it(
+    inprocess_cluster, tmp_path):
+  # A standby chief's coordinator (`prepare_ahead`): connected, built and its
+  # closures instantiated on the workers while another coordinator trains; it
+  # trains nothing and reads no input until it runs, and then restores the
+  # checkpoint that coordinator saved last, after it was prepared.
+  config = lambda steps: _coordinator_config(inprocess_cluster, tmp_path, train_steps=steps,
+                                             mode="train")
+  coordinator_run.run_coordinator(config(100))
+  prepared = coordinator_run.prepare_ahead(config(300), interrupts_lib.Interrupts(),
+                                           warm_timeout=60)
+  assert prepared.workers_warm == inprocess.NUM_WORKERS
+  assert int(prepared.built.experiment.global_step.numpy()) == 0  # Its own, untouched.
+  assert prepared.stale() is None
+  assert coordinator_run.run_coordinator(config(200)).global_step == 200  # Saved after it.
+  records = len(progress_log.ProgressLog(str(tmp_path)).read_new())
+
+  result = coordinator_run.run_prepared(prepared, interrupts_lib.Interrupts(),
+                                        lease_generation=0)
+  assert (result.start_step, result.global_step) == (200, 300)
+  assert result.input["shards"] == prepared.input_shards
+  history = progress_log.ProgressLog(str(tmp_path)).read_new()
+  assert history[records].restored and history[records].step == 200
+  accounted = coverage.account(history)
+  assert accounted.ok and accounted.trained_twice == 0, accounted

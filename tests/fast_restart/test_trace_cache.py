@@ -147,6 +147,16 @@ def test_another_key_does_not_see_the_entry(cache):
   assert _closures(_Trainer(), cache.extended()).write_out_stored()
 
 
+def test_a_trace_stored_on_another_number_of_ps_counts_as_stored_for_its_key(cache):
+  # What a coordinator restarted on the ps left after a failover asks, to keep
+  # the closure size whose trace its predecessor stored on all the ps.
+  on_two = cache.extended(steps=FULL, num_ps=2)
+  _train(_closures(_Trainer(), on_two))
+  assert on_two.stored("full") and not on_two.stored("fast")
+  assert cache.extended(steps=FULL, num_ps=1).stored("full")
+  assert not cache.extended(steps=FULL + 1, num_ps=1).stored("full")  # Another size.
+
+
 def test_a_function_capturing_a_table_is_not_stored(cache, caplog):
   table = tf.lookup.StaticHashTable(
       tf.lookup.KeyValueTensorInitializer(tf.constant([0, 1], tf.int64),

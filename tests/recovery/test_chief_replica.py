@@ -2,6 +2,9 @@
 a stand-in supervisor; no TF, no processes."""
 
 import signal
+import socket
+
+import portpicker
 
 from tfps.base import errors
 from tfps.base import signals
@@ -59,6 +62,31 @@ def test_a_standby_takes_over_a_silent_holder_and_records_it(tmp_path):
   log = events.EventLog(str(tmp_path)).read()
   assert [e.action for e in log] == [None, "standby_chief_takes_over"]
   assert "heartbeat stopped" in log[0].detail and log[0].failure == "chief_lost"
+
+
+def test_a_standby_takes_over_at_once_when_the_holder_process_is_gone(tmp_path):
+  # Its presence port refuses connections: nobody serves it any more. The
+  # lease (100 s) would take 400 readings to lapse.
+  store = chief_lease.LeaseStore(str(tmp_path))
+  store.take(1, "chief:0 (gone)")
+  store.beat(1, 7)
+  store.set_presence(1, f"localhost:{portpicker.pick_unused_port()}")
+  stand_bys, held = [], []
+  standby = chief_replica.ChiefReplica(
+      store, chief_lease.LeaseConfig(100.0, 0.01), replica=1, me="chief:1",
+      stop=signals.StopSignals(), event_log=events.EventLog(str(tmp_path)), clock=Clock(),
+      presence_host="localhost")
+  result = standby.run(lambda generation, superseded: held.append(generation) or
+                       Result(errors.ExitCode.OK, 0, "finished"),
+                       stand_by=lambda: stand_bys.append(1))
+  assert held == [2] and result.exit_code == errors.ExitCode.OK and len(stand_bys) < 100
+  log = events.EventLog(str(tmp_path)).read()
+  assert "its process is gone" in log[0].detail
+  # The new holder serves its own presence port, which a standby of it can reach.
+  served = store.view(chief_lease.BeatWatch(), 0.0).presence
+  host, _, port = served.rpartition(":")
+  assert host == "localhost"
+  socket.create_connection((host, int(port)), timeout=5).close()
 
 
 def test_a_replica_cut_off_from_the_cluster_neither_takes_nor_beats(tmp_path):

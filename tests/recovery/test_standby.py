@@ -230,3 +230,89 @@ def test_a_killed_coordinators_temporary_files_go_at_the_next_start(tmp_path):
   assert not os.path.exists(os.path.dirname(written[0]))  # ...until the next one starts.
   assert os.path.exists(written[1])  # The chief's scratch goes with the chief.
   coordinators.close()
+
+
+# Stands in for a standby chief replica's hot standby: marks itself connected
+# to the whole cluster, then waits for its go (or, with --retire, retires as
+# one whose ps restarted does: exit 0 before any go).
+_HOT_COORDINATOR = textwrap.dedent("""
+    import json, os, sys
+    from tfps.base import signals
+    from tfps.recovery import standby
+    excluded = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--exclude_tasks=")]
+    hot = bool(os.environ.get(standby.HOT_ENV_VAR))
+    if os.environ.get(standby.ENV_VAR):
+      standby.mark_ready(os.environ[standby.ENV_VAR])
+      if hot:
+        standby.mark_connected(os.environ[standby.ENV_VAR])
+        if os.environ.get("RETIRE"):
+          sys.exit(0)
+      go = standby.wait_for_go(signals.StopSignals.install(), sys.stdin)
+      if go is None:
+        sys.exit(0)
+      excluded = [",".join(go.exclude_tasks)]
+    print(json.dumps({"excluded": excluded[0], "hot": hot}))
+""")
+
+
+def _wait_connected(coordinators):
+  _, stdout_path = coordinators.standby
+  processes.wait_until(lambda: os.path.exists(standby.connected_path(stdout_path + ".ready")),
+                       timeout=30, what="the stand-in hot standby to connect")
+
+
+def test_a_hot_standby_takes_over_the_whole_cluster_only(tmp_path):
+  coordinators = _coordinators(tmp_path, program=_HOT_COORDINATOR)
+  coordinators.prepare(hot=True)
+  _wait_connected(coordinators)
+  hot_one = coordinators.standby[0]
+  # A takeover that leaves a ps out cannot use it: a cold coordinator instead.
+  process, warm = coordinators.start(["ps:1"])
+  assert not warm and process.wait(timeout=30) == 0
+  assert _said(coordinators) == {"excluded": "ps:1", "hot": False}
+  assert hot_one.poll() is not None  # Ended, not left behind.
+  coordinators.prepare(hot=True)
+  _wait_connected(coordinators)
+  process, warm = coordinators.start([])
+  assert warm and process.wait(timeout=30) == 0
+  assert _said(coordinators) == {"excluded": "", "hot": True}
+
+
+def test_a_warm_standby_and_a_hot_one_replace_each_other(tmp_path):
+  coordinators = _coordinators(tmp_path, program=_HOT_COORDINATOR)
+  coordinators.prepare()
+  warm_one = coordinators.standby[0]
+  coordinators.prepare(hot=True)  # The replica now stands by.
+  hot_one = coordinators.standby[0]
+  assert hot_one.pid != warm_one.pid and warm_one.wait(timeout=30) is not None
+  coordinators.prepare()  # It holds the lease now: its next coordinator cannot connect ahead.
+  assert coordinators.standby[0].pid != hot_one.pid and hot_one.wait(timeout=30) is not None
+  coordinators.close()
+
+
+def test_a_retired_hot_standby_is_not_a_death_and_is_replaced_when_asked(tmp_path):
+  log = events.EventLog(str(tmp_path))
+  coordinators = standby.WarmCoordinators(
+      lambda excluded: [sys.executable, "-c", _HOT_COORDINATOR],
+      env={**os.environ, "RETIRE": "1"}, stdout_dir=str(tmp_path), warm=True, event_log=log)
+  assert coordinators.prepare(hot=True)
+  retired = coordinators.standby[0]
+  assert retired.wait(timeout=30) == 0
+  assert coordinators.prepare(hot=True) is False  # Retired: none started in its place yet.
+  assert coordinators.standby is None and log.read() == []
+  assert coordinators.prepare(hot=True) and coordinators.standby[0].pid != retired.pid
+  coordinators.standby[0].wait(timeout=30)
+  coordinators.close()
+
+
+def test_wait_for_go_looks_after_what_it_prepared_between_looks():
+  looks = []
+  r, w = os.pipe()
+  with os.fdopen(r) as stdin, os.fdopen(w, "w") as out:
+    def idle():
+      looks.append(time.monotonic())
+      if len(looks) == 2:
+        out.write('{"exclude_tasks": [], "lease_generation": 3}\n')
+        out.flush()
+    assert standby.wait_for_go(signals.StopSignals(), stdin, idle=idle) == standby.Go((), 3)
+  assert len(looks) == 2

@@ -53,12 +53,14 @@ class ChiefRun:
   model_dir or log.
   """
 
-  def __init__(self, cluster: local.LocalCluster, model_dir: str, chief_flags: Sequence[str]):
+  def __init__(self, cluster: local.LocalCluster, model_dir: str, chief_flags: Sequence[str],
+               replica: int = 0):
     os.makedirs(model_dir, exist_ok=True)
     self.cluster = cluster
     self.model_dir = model_dir
     self.chief = cluster.add_chief([f"--model_dir={model_dir}", *chief_flags],
-                                   stdout_path=os.path.join(model_dir, "chief.stdout"))
+                                   stdout_path=os.path.join(model_dir, f"chief-{replica}.stdout"),
+                                   replica=replica)
     # Every chief of the cluster appends to one log: read only from here on.
     self._log_offset = (os.path.getsize(self.chief.log_path)
                         if os.path.exists(self.chief.log_path) else 0)

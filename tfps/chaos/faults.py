@@ -11,6 +11,8 @@ reached global step N (as the progress log shows), whatever the host's speed:
   worker:1@50:kill+never the worker never comes back
   ps:0@70:cut+8          cut ps 0's network link for 8 s (virtual hosts only)
   ps:0@step800:kill+3    SIGKILL ps 0 once step 800 is reached
+  chief:0@standby:kill+never  SIGKILL the active chief once the standby chief
+                         has its coordinator prepared ahead (`--chief_standby`)
   worker:2@step900:join  start worker 2, room the cluster had but did not fill
                          (`--max_workers`): a worker joins the running job
   worker:1@step990:leave SIGTERM worker 1 for good: a worker leaves the job
@@ -63,8 +65,9 @@ class FaultAction(str, enum.Enum):
 class Fault:
   """One injected fault. `back_after` is None when the target never returns.
 
-  Injected at `at_step` (once training reached that step) if given, else at
-  `at_seconds` since training started.
+  Injected at `at_step` (once training reached that step) if given, once the
+  standby chief is prepared if `at_standby`, else at `at_seconds` since
+  training started.
   """
 
   at_seconds: float
@@ -72,9 +75,13 @@ class Fault:
   action: FaultAction
   back_after: float | None = 5.0
   at_step: int | None = None
+  at_standby: bool = False
 
-  def due(self, seconds: float, step: int) -> bool:
-    """Time to inject, `seconds` into training at global step `step`?"""
+  def due(self, seconds: float, step: int, standby_prepared: bool = False) -> bool:
+    """Time to inject, `seconds` into training at global step `step` (and the standby
+    chief's coordinator prepared ahead, or not)?"""
+    if self.at_standby:
+      return standby_prepared
     return step >= self.at_step if self.at_step is not None else seconds >= self.at_seconds
 
   def __post_init__(self):
@@ -94,7 +101,8 @@ class Fault:
 
   def __str__(self) -> str:
     after = "never" if self.back_after is NEVER else f"{self.back_after:g}"
-    when = f"step{self.at_step}" if self.at_step is not None else f"{self.at_seconds:g}"
+    when = ("standby" if self.at_standby else
+            f"step{self.at_step}" if self.at_step is not None else f"{self.at_seconds:g}")
     if self.action.resizes:
       return f"{self.target}@{when}:{self.action.value}"
     return f"{self.target}@{when}:{self.action.value}+{after}"
@@ -114,10 +122,12 @@ def parse_faults(text: str, cluster: spec_lib.ClusterSpec, *,
         and not cluster.chief_standby):
       raise errors.UsageError(
           f"fault {fault}: a chief that never comes back needs a standby (--chief_standby)")
+    if fault.at_standby and not cluster.chief_standby:
+      raise errors.UsageError(f"fault {fault}: @standby needs a standby chief (--chief_standby)")
     faults.append(fault)
   if not faults:
     raise errors.UsageError(f"--faults: no fault in {text!r}")
-  if len({f.at_step is None for f in faults}) > 1:
+  if len({f.at_step is None for f in faults if not f.at_standby}) > 1:
     raise errors.UsageError(f"--faults: {text!r} mixes seconds and steps; use one of the two")
   faults = sorted(faults, key=_order)
   _check_joins(faults, cluster.num_tasks(spec_lib.JobType.WORKER) if workers_started is None
@@ -149,7 +159,7 @@ def _order(fault: Fault) -> tuple:
 
 
 def _parse_one(item: str, cluster: spec_lib.ClusterSpec) -> Fault:
-  usage = "TARGET@SECONDS|stepN:ACTION[+SECONDS|+never], e.g. worker:1@20:kill+5"
+  usage = "TARGET@SECONDS|stepN|standby:ACTION[+SECONDS|+never], e.g. worker:1@20:kill+5"
   target_text, at, rest = item.partition("@")
   when, colon, action_text = rest.partition(":")
   action_name, plus, after = action_text.partition("+")
@@ -165,16 +175,17 @@ def _parse_one(item: str, cluster: spec_lib.ClusterSpec) -> Fault:
                             "stop, cut, join or leave") from None
   if action.resizes and plus:
     raise errors.UsageError(f"--faults: {item!r}: {action.value} is for good (no +SECONDS)")
+  at_standby = when == "standby"
   try:
     at_step = int(when[len("step"):]) if when.startswith("step") else None
-    at_seconds = 0.0 if at_step is not None else float(when)
+    at_seconds = 0.0 if at_step is not None or at_standby else float(when)
     back_after = NEVER if action.resizes else (
         (NEVER if after == "never" else float(after)) if plus else 5.0)
   except ValueError:
     raise errors.UsageError(f"--faults: {item!r} must look like {usage}") from None
   if at_step is not None and at_step < 0:
     raise errors.UsageError(f"--faults: {item!r}: step ({at_step}) must be >= 0")
-  return Fault(at_seconds, target, action, back_after, at_step=at_step)
+  return Fault(at_seconds, target, action, back_after, at_step=at_step, at_standby=at_standby)
 
 
 # Random faults by step fall in this part of the run: after the first loops

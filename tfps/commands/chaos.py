@@ -45,6 +45,7 @@ from tfps.recovery import progress_log as progress_lib
 from tfps.base import signals
 from tfps.commands import local as local_command
 from tfps.recovery import orchestrator
+from tfps.recovery import policy
 
 _POLL_SECONDS = 0.25
 
@@ -98,7 +99,7 @@ def run(flags) -> errors.ExitCode:
     runner.start()
     pending = list(faults)
     outcome = _inject_until_done(cluster, runner, stop, pending, tracker,
-                                 progress_lib.ProgressLog(model_dir))
+                                 progress_lib.ProgressLog(model_dir), events.EventLog(model_dir))
   report = tracker_lib.report(tracker.outcomes())
   result = {"status": "failed", **report, "reason": outcome.reason,
             # Every process that died, the faults' victims among them (recovery.deaths).
@@ -131,8 +132,10 @@ def _print(result: dict) -> None:
   sys.stdout.flush()
 
 
-def _inject_until_done(cluster, runner, stop, pending, tracker, progress) -> orchestrator.Outcome:
+def _inject_until_done(cluster, runner, stop, pending, tracker, progress,
+                       event_log: events.EventLog) -> orchestrator.Outcome:
   restores: list[_Restore] = []
+  began = time.time()
   started = None  # Monotonic time of the first progress record.
   step = 0  # The furthest step a loop reached (faults placed by step wait for it).
   while True:
@@ -147,7 +150,8 @@ def _inject_until_done(cluster, runner, stop, pending, tracker, progress) -> orc
     step = max([step] + [r.step for r in records if not r.restored])
     if started is not None:
       elapsed = time.monotonic() - started
-      while pending and pending[0].due(elapsed, step):
+      while pending and pending[0].due(elapsed, step, pending[0].at_standby
+                                       and _standby_prepared(event_log, since=began)):
         fault = pending.pop(0)
         _inject(cluster, runner, fault)
         tracker.injected(fault, wall_time=time.time(), since_start=elapsed)
@@ -157,6 +161,18 @@ def _inject_until_done(cluster, runner, stop, pending, tracker, progress) -> orc
         restores.remove(restore)
         _bring_back(cluster, runner, restore.fault)
     stop.wait(_POLL_SECONDS)
+
+
+def _standby_prepared(event_log: events.EventLog, since: float) -> bool:
+  """Whether a standby chief has a coordinator prepared ahead: one was, since
+  `since`, and has neither run (a takeover) nor retired since."""
+  latest = {}
+  for event in event_log.read():
+    if event.time >= since and event.action in (policy.Action.STANDBY_PREPARED.value,
+                                                policy.Action.PREPARED_RUNS.value,
+                                                policy.Action.STANDBY_RETIRED.value):
+      latest[event.task] = event.action
+  return policy.Action.STANDBY_PREPARED.value in latest.values()
 
 
 def _inject(cluster, runner, fault: faults_lib.Fault) -> None:

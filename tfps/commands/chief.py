@@ -124,10 +124,18 @@ class _CoordinatorLauncher:
   def idle(self) -> None:
     """Prepares the warm standby once a coordinator trains: never slow down a start.
 
-    Also what a standby chief replica does while it waits: the holder's
-    coordinator trains first (on a shared host, the import would slow its start)."""
+    (A standby chief replica's waits for the holder's coordinator the same way,
+    `stand_by`: on a shared host, the import would slow its start.)"""
     if self.trained():
       self._coordinators.prepare()
+
+  def stand_by(self) -> None:
+    """What a standby chief replica does while it waits: once the holder's coordinator
+    trains, keeps a hot standby (connected, built and its closures instantiated
+    ahead: `coordinator.run.prepare_ahead`); one that retired (a ps restarted)
+    is replaced once the cluster trains again."""
+    if self.trained() and not self._coordinators.prepare(hot=True):
+      self._trained = False
 
   def exit_report(self) -> exit_report.ExitReport | None:
     return exit_report.take(self.report_path)
@@ -205,7 +213,8 @@ def supervise(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, *,
           chief_lease.LeaseConfig(lease_seconds=spec.chief_lease_seconds,
                                   renew_seconds=min(0.1, spec.chief_lease_seconds / 4)),
           replica=config.task.index, stop=stop, event_log=event_log, sees_cluster=sight,
-          me=f"{config.task} ({config.address}, pid {os.getpid()})")
+          me=f"{config.task} ({config.address}, pid {os.getpid()})",
+          presence_host=config.address.rpartition(":")[0])
 
       def hold(generation: int, superseded) -> supervisor.SupervisorResult:
         launcher.lease_generation = generation
@@ -219,7 +228,7 @@ def supervise(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, *,
                           ", ".join(sorted(map(str, left_out))))
         return run_supervisor(superseded, left_out)
 
-      result = replica.run(hold, stand_by=launcher.idle)
+      result = replica.run(hold, stand_by=launcher.stand_by)
       launcher.close()
       sight.stop()
     else:

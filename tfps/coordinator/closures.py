@@ -225,11 +225,14 @@ class TrainClosures:
 
     Written out: the written-out closure and the one for other sizes; else the fast-start one.
     """
-    skip = _skip()
     if not written_out:
-      return [(self.concrete(Kind.FAST), skip)]
-    return [(self.concrete(Kind.FULL), skip),
-            (self.concrete(Kind.OTHER), (skip[0], tf.constant(1, tf.int32), *skip[1:]))]
+      return [(self.concrete(Kind.FAST), _skip())]
+    return [(self.concrete(Kind.FULL), _skip()), self.other_warm_call()]
+
+  def other_warm_call(self) -> warm_up.Call:
+    """The closure for other sizes (a shard's tail), called to run no step; traces it."""
+    skip = _skip()
+    return (self.concrete(Kind.OTHER), (skip[0], tf.constant(1, tf.int32), *skip[1:]))
 
 
   @property
@@ -299,20 +302,29 @@ class WarmClosures:
     """True once workers are kept warm for the written-out closure."""
     return self._warm_for is True
 
-  def before_loop(self, written_out: bool) -> None:
+  def before_loop(self, written_out: bool,
+                  done: Callable[[int], None] = lambda index: None) -> None:
     """Before the first loop of each kind: every worker instantiates its closures first.
 
     As a per-worker resource (`warm_up`), which each worker runs on its own
     thread before its first closure of the loop, and again whenever TF takes
     it back; so the loop's join() also waits for the warm-ups of the workers
     that are up, and no call of them is left running after it. The
-    resource of the kind before is dropped (TF forgets it).
+    resource of the kind before is dropped (TF forgets it). `done(index)`
+    each time a worker has run its warm-up.
     """
     if self._warm_for is not written_out:
       with self._strategy.scope():  # Traced as schedule() would trace them.
-        self._resources = warm_up.warm_workers(self._coordinator,
-                                               self._closures.warm_calls(written_out))
+        self._resources = warm_up.warm_workers(
+            self._coordinator, self._closures.warm_calls(written_out), done)
       self._warm_for = written_out
+
+  def restart_clock(self) -> None:
+    """The coordinator starts training now (it was built ahead, `PSTrainer.build_ahead`):
+    its looped time counts from here."""
+    looped = self._looped_until - self._made
+    self._made = time.monotonic()
+    self._looped_until = self._made + looped
 
   def after_loop(self, step: int | None = None, steps_left: int | None = None) -> None:
     """After each loop: write out from the next one once the looped time is past,

@@ -38,6 +38,7 @@ import numpy as np
 import orbit
 import tensorflow as tf
 
+from tfps.cluster import readiness
 from tfps.cluster import spec as spec_lib
 from tfps.coordinator import api
 from tfps.coordinator import checkpoints
@@ -341,19 +342,119 @@ def run_coordinator(config: CoordinatorConfig, *,
 
 
 def _run_chief(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts) -> CoordinatorResult:
+  factory, runtime, sentinels = _connect(config)
+  with _ps_deadline(config, runtime, sentinels):
+    return _run_connected(config, interrupts, factory, runtime, sentinels)
+
+
+def _connect(config: CoordinatorConfig, *, every_worker: bool = False):
+  """The fast checks, then the cluster: (experiment factory, runtime, ps sentinels).
+  `every_worker`: wait for every worker as long as for the ps."""
   checkpoints.check_writable(config.model_dir)
   factory = experiment_lib.load_factory(config.experiment)
   experiment_lib.check_params(config.experiment, config.experiment_params)
   runtime = strategy_lib.connect(config.cluster, ready_timeout=config.ready_timeout,
                                  min_shard_bytes=config.min_shard_bytes,
-                                 workers_ready_timeout=config.workers_ready_timeout)
+                                 workers_ready_timeout=None if every_worker
+                                 else config.workers_ready_timeout)
   with _classified_errors("connecting"):
     sentinels = ps_state.PsSentinels(runtime.cluster)  # What each ps must keep holding.
-  # From here on every ps must keep answering, and holding its state: a partition
-  # hangs TF, not fails it, and a ps back empty fails only what reads it.
-  with (ps_deadline.PsDeadline(runtime.cluster, config.ps_timeout, state_lost=sentinels.lost)
-        if config.ps_timeout else contextlib.nullcontext()):
-    return _run_connected(config, interrupts, factory, runtime, sentinels)
+  return factory, runtime, sentinels
+
+
+def _ps_deadline(config: CoordinatorConfig, runtime: strategy_lib.PSRuntime,
+                 sentinels: ps_state.PsSentinels):
+  """From here on every ps must keep answering, and holding its state: a partition
+  hangs TF, not fails it, and a ps back empty fails only what reads it."""
+  return (ps_deadline.PsDeadline(runtime.cluster, config.ps_timeout, state_lost=sentinels.lost)
+          if config.ps_timeout else contextlib.nullcontext())
+
+
+@dataclasses.dataclass
+class Prepared:
+  """A coordinator connected and built before it is needed: a standby chief's
+  (`prepare_ahead`, then `run_prepared` when it takes over)."""
+
+  config: CoordinatorConfig
+  factory: Any
+  runtime: strategy_lib.PSRuntime
+  sentinels: ps_state.PsSentinels
+  built: "_Built"
+  input_shards: int | None  # The input shards its closures were built for (positioned).
+  workers_warm: int  # Workers that instantiated its train closures ahead.
+  _silent: int = 0  # Checks in a row in which some ps did not answer.
+
+  def stale(self) -> str | None:
+    """Why it can no longer take over, else None: a ps no longer holds what it
+    created there (it restarted), or did not answer twice in a row. Its
+    cluster is fixed (TensorFlow connects a process once): a new one must be
+    prepared."""
+    ps = [t for t in self.runtime.cluster.tasks() if t.job == spec_lib.JobType.PS]
+    answered = readiness.reachable(self.runtime.cluster, ps, _STALE_PROBE_SECONDS)
+    silent = [t for t in ps if t not in answered]
+    self._silent = self._silent + 1 if silent else 0
+    if self._silent >= 2:
+      return f"{silent[0]} did not answer"
+    for task in ps:
+      if task in answered:
+        why = self.sentinels.lost(task)  # Only a ps that answered: a read could wait.
+        if why is not None:
+          return why
+    return None
+
+
+# A prepared coordinator's check of its ps waits this long for each.
+_STALE_PROBE_SECONDS = 1.0
+
+
+def prepare_ahead(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts, *,
+                  warm_timeout: float) -> Prepared:
+  """Everything a coordinator does before its restore, done before it is needed.
+
+  Connects to the whole cluster, builds the experiment and its variables on the
+  ps (this coordinator's own: a coordinator's variables live in its context),
+  reads the latest checkpoint's input ledger, builds the train closures and
+  has every worker instantiate them (`PSTrainer.build_ahead`; up to
+  `warm_timeout` seconds). Nothing is trained, saved or read from the input:
+  `run_prepared` restores the latest checkpoint when it takes over.
+  """
+  # No ps deadline here: its loss would end this process as a coordinator's
+  # failure; the caller bounds this call and retires the standby instead.
+  factory, runtime, sentinels = _connect(config, every_worker=True)
+  built = _build(config, interrupts, factory, runtime)
+  shards, warm = None, 0
+  if isinstance(built.trainer, trainer_lib.PSTrainer):
+    if built.trainer.positioned:
+      _read_ledger(config.model_dir, built.trainer)
+      shards = built.trainer.ensure_ledger().num_shards
+    with _classified_errors("building the train closures ahead"):
+      warm = built.trainer.build_ahead(warm_timeout)
+  return Prepared(config=config, factory=factory, runtime=runtime, sentinels=sentinels,
+                  built=built, input_shards=shards, workers_warm=warm)
+
+
+def run_prepared(prepared: Prepared, interrupts: interrupts_lib.Interrupts, *,
+                 lease_generation: int) -> CoordinatorResult:
+  """Runs a prepared coordinator under `lease_generation`: restore, then train."""
+  config = dataclasses.replace(prepared.config, lease_generation=lease_generation)
+  with _control_channel(config.cluster, interrupts):
+    with _ps_deadline(config, prepared.runtime, prepared.sentinels):
+      return _run_connected(config, interrupts, prepared.factory, prepared.runtime,
+                            prepared.sentinels, built=prepared.built,
+                            built_for_shards=prepared.input_shards)
+
+
+def _read_ledger(model_dir: str, trainer: "trainer_lib.PSTrainer") -> None:
+  """The latest checkpoint's input ledger (its shards shape the closures), if any."""
+  path = tf.train.latest_checkpoint(model_dir)
+  if path is None:
+    return
+  try:
+    tf.train.Checkpoint(**{experiment_lib.INPUT_LEDGER_KEY: trainer.input_state}).read(
+        path).expect_partial()
+  except (tf.errors.OpError, ValueError, AssertionError) as e:
+    logging.info("no input ledger read ahead from %s (%s): measuring the input", path,
+                 messages.one_line(str(e)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -376,9 +477,11 @@ class _Parts:
 
 
 def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts, factory,
-                   runtime: strategy_lib.PSRuntime,
-                   sentinels: ps_state.PsSentinels) -> CoordinatorResult:
-  parts = _prepare(config, interrupts, factory, runtime, sentinels)
+                   runtime: strategy_lib.PSRuntime, sentinels: ps_state.PsSentinels, *,
+                   built: "_Built | None" = None,
+                   built_for_shards: int | None = None) -> CoordinatorResult:
+  built = built or _build(config, interrupts, factory, runtime)
+  parts = _prepare(config, interrupts, runtime, sentinels, built)
   global_step = parts.experiment.global_step
   eval_output = None
   # orbit.Controller prints its log lines on stdout as well as logging them.
@@ -392,6 +495,13 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
         eval_summary_dir=os.path.join(config.model_dir, "eval"))
     start_step = int(global_step.numpy())
     ledger = parts.ledger
+    if built_for_shards is not None and ledger.num_shards != built_for_shards:
+      # Its closures read shards of another plan: a new coordinator builds them.
+      raise errors.RetryableError(
+          f"the input was re-planned into {ledger.num_shards} shards after this standby "
+          f"coordinator built its closures for {built_for_shards}")
+    if isinstance(parts.trainer, trainer_lib.PSTrainer):
+      parts.trainer.start_training()
     train_steps = _start(config, parts, controller, start_step, ledger)
     eval_output = _run_mode(config, parts, controller, runtime, start_step, train_steps)
     with _classified_errors("writing the last checkpoint"):
@@ -411,10 +521,19 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
       checkpoint_saves_skipped=manager.saves_skipped)
 
 
-def _prepare(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts, factory,
-             runtime: strategy_lib.PSRuntime, sentinels: ps_state.PsSentinels) -> _Parts:
-  """The experiment built in the strategy's scope and made PS-aware, its checkpoint
-  manager, the loop guard and the measured trainer."""
+@dataclasses.dataclass(frozen=True)
+class _Built:
+  """The experiment built in the strategy's scope, its trainer and evaluator made
+  PS-aware, and where its loops end."""
+
+  experiment: experiment_lib.Experiment
+  trainer: Any
+  evaluator: Any
+  ends: loop_ends.LoopEnds
+
+
+def _build(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts, factory,
+           runtime: strategy_lib.PSRuntime) -> _Built:
   context = experiment_lib.ExperimentContext(
       strategy=runtime.strategy, coordinator=runtime.coordinator,
       model_dir=config.model_dir, global_batch_size=config.global_batch_size,
@@ -427,6 +546,15 @@ def _prepare(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts, f
   with _classified_errors("preparing the experiment"):
     trainer, evaluator = _adapt(experiment, runtime, config, pause=lambda: interrupts.pending,
                                 ends=ends)
+  return _Built(experiment=experiment, trainer=trainer, evaluator=evaluator, ends=ends)
+
+
+def _prepare(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts,
+             runtime: strategy_lib.PSRuntime, sentinels: ps_state.PsSentinels,
+             built: _Built) -> _Parts:
+  """Around the built experiment: its checkpoint, manager, loop guard and measured trainer."""
+  experiment, trainer, evaluator, ends = (built.experiment, built.trainer, built.evaluator,
+                                          built.ends)
   global_step = experiment.global_step
   positioned = isinstance(trainer, trainer_lib.PSTrainer) and trainer.positioned
   # The input's position is saved and restored with the model (input.ledger).

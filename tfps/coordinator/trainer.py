@@ -53,7 +53,6 @@ import collections
 import contextlib
 import dataclasses
 import math
-import os
 import threading
 import time
 from typing import Any, Callable, Mapping
@@ -76,6 +75,7 @@ from tfps.input import positioned as positioned_lib
 from tfps.coordinator import step_logs
 from tfps.coordinator import strategy as strategy_lib
 from tfps.fast_restart import trace_cache as trace_cache_lib
+from tfps.fast_restart import warm_up
 from tfps.base import errors
 
 
@@ -262,6 +262,7 @@ class PSTrainer(orbit.StandardTrainer):
     self._loop_slack = options.loop_slack
     self.full_closure_ready = threading.Event()  # Full-size closures are written out.
     self._warm: closures_lib.WarmClosures | None = None  # Positioned input, once looping.
+    self._warmed_ahead = None  # `build_ahead`'s per-worker resources, kept (TF holds them weakly).
     self.closures_scheduled = 0
     self.reexecuted_steps = 0
     # The step training ends at (None: not known); set once known, after the restore.
@@ -313,6 +314,54 @@ class PSTrainer(orbit.StandardTrainer):
                       self._input_shards, self.input_state.ledger.num_shards)
       self._input_shards = None
     return self.input_state.ledger
+
+  def build_ahead(self, timeout: float) -> int:
+    """What the first loop would build, built before training (a standby chief's
+    coordinator, `coordinator.run.prepare_ahead`): the train closures, and every
+    worker has instantiated them. Nothing runs: no input is read, no variable
+    changes (`warm_up.train_or_skip`). Endless input has its per-worker
+    iterators made (each reads from its part's start whenever made).
+
+    Returns the workers that instantiated the closures within `timeout`
+    seconds (0 for endless input: its closures are traced at the first loop,
+    which measures a step first).
+    """
+    if self._train_loop_fn is None:
+      self._train_loop_fn = self.create_train_loop_fn()
+    if self._positioned is None:
+      if self._train_iter is None:
+        self._train_iter = tf.nest.map_structure(iter, self.train_dataset)
+      return 0
+    # Each worker instantiates the loop's closures and the one for other sizes
+    # (a shard's tail, maybe in the first loop): done once it has both.
+    calls, lock, all_done = collections.Counter(), threading.Lock(), threading.Event()
+
+    def done(index: int) -> None:
+      with lock:
+        calls[index] += 1
+        if sum(1 for n in calls.values() if n >= 2) == self._runtime.num_workers:
+          all_done.set()
+
+    with self._runtime.strategy.scope():
+      self._choose_full_size(None, _Loop(start_step=None, steps=0))
+      if self._warm is None:
+        return 0
+      with _step_log_errors():
+        self._warm.before_loop(written_out=self.full_closure_ready.is_set(), done=done)
+        self._warmed_ahead = warm_up.warm_once(
+            self._runtime.coordinator, [self._closures.other_warm_call()],
+            range(self._runtime.num_workers), done, "closures of other sizes")
+    if not all_done.wait(timeout):
+      logging.warning("built ahead: %d of %d workers instantiated the train closures within "
+                      "%.0fs; the others will when they first run one",
+                      sum(1 for n in calls.values() if n >= 2), self._runtime.num_workers,
+                      timeout)
+    return sum(1 for n in calls.values() if n >= 2)
+
+  def start_training(self) -> None:
+    """Training starts now, after a `build_ahead`: its loops' clocks start here."""
+    if self._warm is not None:
+      self._warm.restart_clock()
 
   def train_loop_begin(self):
     return self._trainer.train_loop_begin()
@@ -408,9 +457,11 @@ class PSTrainer(orbit.StandardTrainer):
     """`chosen`, or a larger size a coordinator stored the trace of, if it fits
     (`closure_plan.keep_stored_size`): a restart then rebuilds instead of tracing."""
     num_shards = self.ensure_ledger().num_shards
+    # Stored on any number of ps: a coordinator restarted on the ps left after a
+    # failover rebuilds the trace its predecessor stored on all of them.
     stored = [size for size in {self._steps_per_closure, *closure_plan.SIZES}
               if chosen < size <= self._steps_per_closure
-              and any(os.path.exists(self._trace_cache_for(num_shards, size).path(kind))
+              and any(self._trace_cache_for(num_shards, size).stored(kind)
                       for kind in (closures_lib.Kind.FAST, closures_lib.Kind.FULL))]
     kept = closure_plan.keep_stored_size(chosen, stored, self.step_seconds,
                                          self._max_closure_seconds, self._steps_per_closure,

@@ -256,6 +256,18 @@ class TraceCache:
       logging.info("trace cache: %s traced again: %s", name, "; ".join(reasons))
     return None
 
+  def stored(self, name: str) -> bool:
+    """Whether a trace of `name` is stored for this key, on this number of ps or
+    another (`load` would try it), without reading what it captured."""
+    for path in self._candidates(name):
+      try:
+        with open(path, encoding="utf-8") as f:
+          if self._same_but_layout(json.load(f)):
+            return True
+      except (OSError, ValueError):
+        continue
+    return False
+
   def rebuilt_tag(self, name: str, variables) -> str | None:
     """What `load(name, ..., variables=variables)` would name its function by
     (`worker_functions.rebuilt_tag`), without rebuilding it; None: nothing fits."""

@@ -60,15 +60,19 @@ def train_or_skip(train: tf.Tensor, steps: Callable[[], Any]) -> Any:
   return tf.cond(train, run, skip)
 
 
-def warm_workers(coordinator, calls: Sequence[Call]) -> list[Any]:
+def warm_workers(coordinator, calls: Sequence[Call],
+                 done: Callable[[int], None] = lambda index: None) -> list[Any]:
   """Has every worker run `calls` on its own thread before its next closure, and again
   whenever TF takes it back (a worker that is down: when TF takes it back).
+  `done(index)` each time a worker has run them.
 
   Returns the per-worker values, which the caller must keep: TF holds
   resources weakly and forgets one whose values are gone.
   """
   workers = tf_internals.coordinator_workers(coordinator)
-  return [worker.create_resource(_warm_up_fn(calls, worker.device_name)) for worker in workers]
+  return [worker.create_resource(_warm_up_fn(calls, worker.device_name,
+                                             lambda w=worker: done(w.worker_index)))
+          for worker in workers]
 
 
 def warm_once(coordinator, calls: Sequence[Call], indices: Sequence[int],
@@ -106,11 +110,13 @@ def warm_once(coordinator, calls: Sequence[Call], indices: Sequence[int],
   return [worker.create_resource(once(worker)) for worker in workers]
 
 
-def _warm_up_fn(calls: Sequence[Call], device: str) -> Callable[[], None]:
+def _warm_up_fn(calls: Sequence[Call], device: str,
+                done: Callable[[], None]) -> Callable[[], None]:
   def warm_up():  # On the worker's thread, inside its device scope.
     start = time.perf_counter()
     for function, args in calls:
       function(*args)
     logging.info("%s: train closures instantiated in %.1fs, before it runs them",
                  task_names.task_or_device(device), time.perf_counter() - start)
+    done()
   return warm_up

@@ -11,12 +11,14 @@ share for checkpoints:
     generation-000003   taken by one replica (created exclusively: one taker)
     beat-000003         the holder's heartbeat count, rewritten every
                         `renew_seconds` by a thread of its supervisor
+    presence-000003     `host:port` of the holder's presence port (`presence`)
     end-000003          how the holder's run ended, `{"code": N}`
 
 A standby takes generation N+1 when beat-N has not changed for
 `lease_seconds` by its own clock (no two hosts' clocks are compared), at once
-when end-N says the holder let go (a retryable exit: 143, 170), and exits
-with the holder's code when the run is over (0, 1, 2, 130).
+when end-N says the holder let go (a retryable exit: 143, 170) or when the
+holder's process is known to be gone (its presence connection closed), and
+exits with the holder's code when the run is over (0, 1, 2, 130).
 
 Fencing: whoever holds generation N stops the moment generation N+1
 exists. Its supervisor kills its coordinator; the coordinator itself checks
@@ -89,13 +91,17 @@ class LeaseView:
   """The lease as one replica read it.
 
   `generation` 0: nobody ever took it. `silent_seconds`: how long the
-  holder's beat has not changed, by the reader's clock.
+  holder's beat has not changed, by the reader's clock. `presence`: the
+  holder's presence port; `holder_gone`: its process is known to be gone
+  (`presence.PresenceWatch`, seen before the files were read).
   """
 
   generation: int
   holder: str | None = None
   end_code: int | None = None
   silent_seconds: float = 0.0
+  presence: str | None = None
+  holder_gone: bool = False
 
 
 def judge(view: LeaseView, *, mine: int | None, lease_seconds: float) -> Verdict:
@@ -106,6 +112,8 @@ def judge(view: LeaseView, *, mine: int | None, lease_seconds: float) -> Verdict
     return Verdict.TAKE
   if view.end_code is not None:
     return Verdict.ENDED if view.end_code in _FINAL_CODES else Verdict.TAKE
+  if view.holder_gone:  # Its process died: no beat will come, and no end.
+    return Verdict.TAKE
   return Verdict.TAKE if view.silent_seconds >= lease_seconds else Verdict.WAIT
 
 
@@ -151,7 +159,8 @@ class LeaseStore:
     beat = _read(self._path("beat", generation))
     return LeaseView(generation, holder=holder,
                      end_code=json.loads(end)["code"] if end else None,
-                     silent_seconds=watch.silent_for(generation, _int(beat), now))
+                     silent_seconds=watch.silent_for(generation, _int(beat), now),
+                     presence=_read(self._path("presence", generation)))
 
   def take(self, generation: int, holder: str) -> bool:
     """Takes `generation` for `holder`; False if another replica took it first."""
@@ -162,6 +171,10 @@ class LeaseStore:
     with os.fdopen(fd, "w", encoding="utf-8") as f:
       f.write(holder)
     return True
+
+  def set_presence(self, generation: int, address: str) -> None:
+    """Where the holder of `generation` serves its presence port (`presence`)."""
+    _replace(self._path("presence", generation), address)
 
   def beat(self, generation: int, count: int) -> None:
     _replace(self._path("beat", generation), str(count))

@@ -3,9 +3,10 @@
 The decisions are `chief_lease.judge`'s; this is the loop that acts on them
 (`ChiefReplica.run`):
 
-  standing by   a warm coordinator kept imported once the holder trains
-                (`stand_by`), the lease read every `_POLL_SECONDS`; TAKE: take the next generation
-                and supervise; ENDED: leave with the run's code.
+  standing by   a hot coordinator kept ready once the holder trains
+                (`stand_by`), the lease read every `_POLL_SECONDS` and the
+                holder's presence port watched (`presence`); TAKE: take the
+                next generation and supervise; ENDED: leave with the run's code.
   holding       `supervise(generation, superseded)` runs the usual supervisor
                 while a `LeaseKeeper` beats; superseded (the other replica
                 took over while this one was paused or cut off): its
@@ -23,6 +24,7 @@ is expected to (`tfps chaos` faults name `chief:0`), and without replica 0
 it still starts.
 """
 
+import dataclasses
 import threading
 import time
 from typing import Callable, Sequence
@@ -36,6 +38,7 @@ from tfps.cluster import spec as spec_lib
 from tfps.recovery import chief_lease
 from tfps.recovery import events as events_lib
 from tfps.recovery import policy
+from tfps.recovery import presence as presence_lib
 from tfps.recovery import supervisor as supervisor_lib
 
 # How often a standby reads the lease: its share of a takeover's time.
@@ -75,12 +78,44 @@ class ClusterSight:
     self._stopped.set()
 
 
+class _Watched:
+  """The presence port of the holder a standby reads (`presence.PresenceWatch`)."""
+
+  def __init__(self):
+    self._key: tuple[int, str] | None = None
+    self._watch: presence_lib.PresenceWatch | None = None
+
+  def gone(self) -> bool:
+    return self._watch is not None and self._watch.gone.is_set()
+
+  def follow(self, view: chief_lease.LeaseView) -> bool:
+    """Watches `view`'s holder; whether it is the one watched before this reading."""
+    key = (view.generation, view.presence) if view.presence else None
+    if key == self._key:
+      return key is not None
+    self.stop()
+    self._key = key
+    if key is not None:
+      self._watch = presence_lib.PresenceWatch(view.presence).start()
+    return False
+
+  def stop(self) -> None:
+    if self._watch is not None:
+      self._watch.stop()
+    self._watch, self._key = None, None
+
+
 class ChiefReplica:
   def __init__(self, store: chief_lease.LeaseStore, config: chief_lease.LeaseConfig, *,
                replica: int, me: str, stop: signals.StopSignals,
                event_log: events_lib.EventLog, clock: Callable[[], float] = time.monotonic,
-               sees_cluster: Callable[[], bool] = lambda: True):
+               sees_cluster: Callable[[], bool] = lambda: True,
+               presence_host: str | None = None):
+    """`presence_host`: this replica's host name, where a standby reaches its presence
+    port while it holds the lease (None: none served; the lease alone decides)."""
     self._store, self._config, self._replica, self._me = store, config, replica, me
+    self._presence_host = presence_host
+    self._presence: presence_lib.PresenceServer | None = None  # Served once it first holds.
     self._sees_cluster = sees_cluster
     self._stop, self._events, self._clock = stop, event_log, clock
     self.generation: int | None = None  # The one this replica holds or held last.
@@ -117,9 +152,13 @@ class ChiefReplica:
 
   def _wait_for_lease(self, stand_by: Callable[[], None]
                       ) -> int | supervisor_lib.SupervisorResult:
-    watch, announced = chief_lease.BeatWatch(), None
+    watch, announced, watched = chief_lease.BeatWatch(), None, _Watched()
     while not self._stop.requested:
+      # Gone before the files are read: a holder that wrote its end and then
+      # exited is seen ending, not gone.
+      gone = watched.gone()
       view = self._store.view(watch, self._clock())
+      view = dataclasses.replace(view, holder_gone=watched.follow(view) and gone)
       verdict = chief_lease.judge(view, mine=None, lease_seconds=self._config.lease_seconds)
       fresh = self._fresh(view)
       if verdict == chief_lease.Verdict.ENDED and fresh:
@@ -131,10 +170,13 @@ class ChiefReplica:
         verdict = chief_lease.Verdict.WAIT  # Cut off too: taking it would help nobody.
       if verdict == chief_lease.Verdict.TAKE:
         if self._store.take(view.generation + 1, self._me):
+          watched.stop()
+          self._serve_presence(view.generation + 1)
           self._took(view)
           return view.generation + 1
         continue  # The other replica was first: read again.
       if verdict == chief_lease.Verdict.ENDED:
+        watched.stop()
         logging.info("the run ended on the other chief replica (exit code %d)", view.end_code)
         self.ended_elsewhere = True
         return supervisor_lib.SupervisorResult(errors.ExitCode(view.end_code), 0,
@@ -145,8 +187,20 @@ class ChiefReplica:
                      view.holder, view.generation)
       stand_by()
       self._stop.wait(_POLL_SECONDS)
+    watched.stop()
     return supervisor_lib.SupervisorResult(
         errors.exit_code_for_signal(self._stop.signum), 0, "stopped while standing by")
+
+  def _serve_presence(self, generation: int) -> None:
+    """Tells where this holder's presence port is (served from the first hold on)."""
+    if self._presence_host is None:
+      return
+    try:
+      if self._presence is None:
+        self._presence = presence_lib.PresenceServer().start()
+      self._store.set_presence(generation, f"{self._presence_host}:{self._presence.port}")
+    except OSError as e:  # Not fatal: the lease alone decides.
+      logging.warning("chief presence port not served (%s): a takeover waits for the lease", e)
 
   def _fresh(self, view: chief_lease.LeaseView) -> bool:
     """Whether taking the lease now starts this run: never taken, or last ended by an
@@ -160,6 +214,7 @@ class ChiefReplica:
       logging.info("chief lease taken (generation %d): this replica coordinates", generation)
       return
     why = (f"it let go (exit code {view.end_code})" if view.end_code is not None
+           else "its process is gone (its presence port closed)" if view.holder_gone
            else f"its heartbeat stopped {view.silent_seconds:.1f}s ago")
     logging.warning("taking over from %s: %s; lease generation %d", view.holder, why,
                     generation)

@@ -84,6 +84,12 @@ class Action(str, enum.Enum):
   GIVE_UP = "give_up"
   # The standby chief replica starts its coordinator (`recovery.chief_replica`).
   TAKE_OVER = "standby_chief_takes_over"
+  # Its coordinator was connected and built ahead (`commands.coordinate`), and,
+  # at a takeover, that prepared coordinator runs (no import, connect or trace).
+  # It retires when its cluster changed (a ps restarted); another is prepared.
+  STANDBY_PREPARED = "standby_coordinator_prepared"
+  PREPARED_RUNS = "prepared_coordinator_runs"
+  STANDBY_RETIRED = "standby_coordinator_retired"
 
   @property
   def restarts_coordinator(self) -> bool:

@@ -22,8 +22,16 @@ keeps its last lines: a coordinator or standby that dies is recorded with them
 deaths in a row no standby is started again (each would be forked and die the
 same way), and restarts start a cold coordinator instead.
 
-Pure plumbing, no TensorFlow: the coordinator side (`wait_for_go`, `mark_ready`)
-is called by `tfps run` after it has imported what a coordinator needs.
+A standby chief replica keeps a *hot* standby instead (`prepare(hot=True)`,
+`HOT_ENV_VAR`): it also connects to the whole cluster and builds the
+coordinator ahead (`commands.coordinate`), marking first that it did so
+(`connected_path`): a takeover that must leave a task out gets a cold
+coordinator instead. One whose cluster changed (a ps restarted) retires,
+exit 0 before any go, which is not a death: the next is started when asked.
+
+Pure plumbing, no TensorFlow: the coordinator side (`wait_for_go`, `mark_ready`,
+`mark_connected`) is called by `tfps run` after it has imported what a
+coordinator needs.
 """
 
 import dataclasses
@@ -44,6 +52,10 @@ from tfps.recovery import events as events_lib
 # Set in a standby's environment: the file to create once it is ready; it
 # waits for the go line before coordinating.
 ENV_VAR = "TFPS_STANDBY_READY_FILE"
+# Set too for a standby chief replica's standby: it also connects and builds
+# ahead (`coordinator.run.prepare_ahead`), and creates `connected_path(ready
+# file)` first: from then on it can only coordinate the whole cluster.
+HOT_ENV_VAR = "TFPS_STANDBY_HOT"
 # How often a waiting standby looks at its stop signals.
 _WAKE_SECONDS = 0.5
 # Standbys that die before they are ready, in a row, before no more are started.
@@ -64,10 +76,29 @@ def mark_ready(path: str) -> None:
     pass
 
 
-def wait_for_go(stop: signals.StopSignals, stdin: TextIO) -> Go | None:
-  """Blocks until the supervisor says go; None: end of file or a stop signal."""
+def connected_path(ready_path: str) -> str:
+  """The file a hot standby creates before it connects to the whole cluster."""
+  return ready_path + ".connected"
+
+
+def mark_connected(ready_path: str) -> None:
+  """Called by a hot standby before it connects: it can only coordinate the whole cluster."""
+  with open(connected_path(ready_path), "w", encoding="utf-8"):
+    pass
+
+
+def go_pending(stdin: TextIO) -> bool:
+  """Whether the supervisor has said something this standby has not read yet."""
+  return bool(select.select([stdin], [], [], 0)[0])
+
+
+def wait_for_go(stop: signals.StopSignals, stdin: TextIO,
+                idle: Callable[[], None] = lambda: None) -> Go | None:
+  """Blocks until the supervisor says go; None: end of file or a stop signal.
+  `idle()` between looks (a hot standby checks what it prepared)."""
   while not stop.requested:
     if not select.select([stdin], [], [], _WAKE_SECONDS)[0]:
+      idle()
       continue
     line = stdin.readline()
     if not line:
@@ -85,10 +116,16 @@ class _Child:
   process: subprocess.Popen
   stdout_path: str
   tail: output_tail.OutputTail
+  hot: bool = False  # A standby that connects and builds ahead (`HOT_ENV_VAR`).
 
   @property
   def ready_path(self) -> str:
     return self.stdout_path + ".ready"
+
+  @property
+  def connected(self) -> bool:
+    """A hot standby tied to the whole cluster (it cannot leave a task out)."""
+    return self.hot and os.path.exists(connected_path(self.ready_path))
 
 
 class WarmCoordinators:
@@ -135,15 +172,15 @@ class WarmCoordinators:
     """The end of the current coordinator's stderr."""
     return self._current.tail.last_lines() if self._current else ()
 
-  def _new(self, argv: Sequence[str], env: dict, stdin, name: str) -> _Child:
+  def _new(self, argv: Sequence[str], env: dict, stdin, name: str, hot: bool = False) -> _Child:
     self._count += 1
     path = os.path.join(self._stdout_dir, f"coordinator-{self._count}.stdout")
     if name == "standby":
-      env = {**env, ENV_VAR: path + ".ready"}
+      env = {**env, ENV_VAR: path + ".ready", **({HOT_ENV_VAR: "1"} if hot else {})}
     with open(path, "w", encoding="utf-8") as out:
       process = self._spawn(argv, stdout=out, stderr=subprocess.PIPE,
                             env={**env, "TMPDIR": self._stdout_dir}, stdin=stdin)
-    return _Child(process, path, output_tail.OutputTail(process.stderr, (2,), name=name))
+    return _Child(process, path, output_tail.OutputTail(process.stderr, (2,), name=name), hot)
 
   def start(self, excluded: Sequence[str], lease_generation: int = 0
             ) -> tuple[subprocess.Popen, bool]:
@@ -151,6 +188,11 @@ class WarmCoordinators:
 
     `command(excluded)` must give a cold one the same `lease_generation`."""
     excluded = tuple(sorted(excluded))
+    if self._standby is not None and excluded and self._standby.connected:
+      # Connected to the whole cluster: it cannot leave a task out.
+      logging.info("the standby coordinator was prepared for the whole cluster; starting "
+                   "one without %s", ", ".join(excluded))
+      self._stop_standby()
     if self._standby is not None:
       child, self._standby = self._standby, None
       if child.process.poll() is None:
@@ -170,19 +212,30 @@ class WarmCoordinators:
     self.stdout_path = self._current.stdout_path
     return self._current.process, False
 
-  def prepare(self) -> None:
-    """Starts the standby, if warm standbys are on and there is none."""
+  def prepare(self, hot: bool = False) -> bool:
+    """Starts the standby, if warm standbys are on and there is none (`hot`: one
+    that also connects and builds ahead, `HOT_ENV_VAR`; one that is not is
+    replaced). False if a hot standby had retired (its cluster changed) and
+    none was started in its place: the caller waits for the cluster to train again."""
+    if self._standby is not None and self._standby.hot != hot:
+      self._stop_standby()
     if self._standby is not None:
       if self._standby.process.poll() is None:
         if os.path.exists(self._standby.ready_path):
           self._early_deaths = 0
-        return
+        return True
       child, self._standby = self._standby, None
+      if child.hot and child.process.returncode == 0:
+        logging.info("the hot standby coordinator (pid %d) retired: its cluster changed",
+                     child.process.pid)
+        return False
       self._standby_died(child)
     if not self._warm:
-      return
-    self._standby = self._new(self._command(()), self._env, subprocess.PIPE, "standby")
-    logging.info("warm standby coordinator started (pid %d)", self._standby.process.pid)
+      return True
+    self._standby = self._new(self._command(()), self._env, subprocess.PIPE, "standby", hot)
+    logging.info("%s standby coordinator started (pid %d)", "hot" if hot else "warm",
+                 self._standby.process.pid)
+    return True
 
   def _standby_died(self, child: _Child) -> None:
     """Records a standby's death; stops making standbys after repeated early ones."""
@@ -205,6 +258,10 @@ class WarmCoordinators:
       self._events.append(event)
 
   def close(self) -> None:
+    """Ends the standby, if any (`_stop_standby`)."""
+    self._stop_standby()
+
+  def _stop_standby(self) -> None:
     """Ends the standby, if any: killed if still importing; if ready, told by the end
     of its stdin (then the signal)."""
     if self._standby is None:
