@@ -8,7 +8,9 @@ and the active chief are SIGKILLed in turn, each once training has gone on
 after the previous one: the standby chief pod takes over, each killed pod
 comes back as a new pod at a new address under its name (the chief's as the
 standby), and the job must train to the end and succeed with both chief pods
-done. A bad value of a flag must end the job at once, without a retry. The
+done. An elastic JobSet's worker Job patched from 2 pods to 3 (as `kubectl
+patch` does) grows the running job: the new pod trains. A bad value of a
+flag must end the job at once, without a retry. The
 legacy TFJob trains through a worker SIGKILL the same way. Skipped where
 network namespaces cannot be made.
 """
@@ -96,6 +98,42 @@ def test_the_jobset_trains_to_the_end_through_a_worker_a_ps_and_a_chief_sigkill(
   assert result.restarts == 0
   steps = [r.step for r in progress_log.ProgressLog(f"{volume}/run").read_new()]
   assert max(steps) == TRAIN_STEPS
+
+
+def test_scaling_the_worker_job_up_grows_the_running_job(tmp_path):
+  # Rendered elastic (`--max_workers=3`, 2 workers at start); once it trains,
+  # the worker Job is patched to 3 pods as docs/deployment.md says
+  # (`kubectl patch --type=json`, `jobset.worker_scale_patch`). The new pod
+  # starts under its name; the chief takes it in and it runs closures.
+  volume, model_dir = str(tmp_path / "volume"), str(tmp_path / "volume" / "run")
+  os.makedirs(model_dir)
+  training = [f for f in TRAINING if not f.startswith("--train_steps")] + [
+      "--train_steps=10000000"]  # Watched until the new worker trains; then stopped.
+  manifest = jobset.render(config_lib.JobManifestConfig(
+      name="play", image="unused", num_ps=1, num_workers=2, max_workers=3,
+      model_mount=volume, model_dir=model_dir, grace_seconds=5, extra_flags=tuple(training)))[0]
+  progress = progress_log.ProgressLog(model_dir)
+  records: list = []
+  scaled: list = []
+
+  def scale_once_training(player: player_lib.Player) -> None:
+    records.extend(progress.read_new())
+    if not scaled and any(r.step >= STEPS_BETWEEN for r in records if not r.restored):
+      scaled.append((len(records), player.patch(jobset.worker_scale_patch(manifest, 3))))
+
+  def new_worker_trains(_) -> bool:
+    return bool(scaled) and any(dict(r.closures).get("worker:2")
+                                for r in records[scaled[0][0]:])
+
+  with player_lib.jobset_player(manifest, str(tmp_path / "play")) as player:
+    result = player.run(timeout=280, on_poll=scale_once_training, until=new_worker_trains)
+    assert result.outcome is None, result  # Still training, with the new worker.
+    assert scaled[0][1] == (["play-worker-0-2"], [])
+    assert result.starts == {"play-chief-0-0": 1, "play-ps-0-0": 1, "play-worker-0-0": 1,
+                             "play-worker-0-1": 1, "play-worker-0-2": 1}
+  before = records[:scaled[0][0]]
+  assert not any(dict(r.closures).get("worker:2") for r in before)
+  assert any(dict(r.closures).get("worker:1") for r in before)
 
 
 def test_a_bad_flag_value_fails_the_jobset_without_a_retry(tmp_path):

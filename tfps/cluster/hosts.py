@@ -114,6 +114,15 @@ class VirtualHosts:
     _close_host(old)
     return self._hosts[host].ip
 
+  def add(self, name: str) -> int:
+    """A new host named `name` (the hosts file names it before this returns); its index."""
+    if len(self._hosts) >= 250:
+      raise ValueError("hosts (251) must be between 1 and 250")
+    self._hosts.append(self._new_host())
+    self.names = (*self.names, name)
+    self._write_hosts_file()
+    return len(self._hosts) - 1
+
   def run(self, host: int, argv: Sequence[str], timeout: float = 10.0) -> str:
     """Runs `argv` on `host`; returns its stdout."""
     return processes.output_of(processes.spawn(

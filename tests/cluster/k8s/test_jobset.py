@@ -1,6 +1,7 @@
 """`tfps k8s` (a JobSet by default): valid against the API, and the exits do what tfps needs."""
 
 import copy
+import re
 
 import pytest
 import yaml
@@ -9,6 +10,8 @@ from tests.support import k8s_schemas
 from tfps.base import errors
 from tfps.cluster.k8s import config as config_lib
 from tfps.cluster.k8s import jobset
+from tfps.cluster.k8s import jobset_pods
+from tfps.cluster.k8s import player
 from tfps.cluster.k8s import pod_failure
 
 Action = pod_failure.PodFailureAction
@@ -221,6 +224,42 @@ def elastic():
 def _args(rjob: dict) -> list[str]:
   (container,) = _pod(rjob)["containers"]
   return container["args"]
+
+
+def test_the_scale_patch_grows_and_shrinks_the_worker_job_and_nothing_else(elastic):
+  manifest, _ = elastic
+  patch = jobset.worker_scale_patch(manifest, 4)
+  assert patch == [  # As docs/deployment.md shows it: worker is the third replicated job.
+      {"op": "replace", "path": "/spec/replicatedJobs/2/template/spec/parallelism", "value": 4},
+      {"op": "replace", "path": "/spec/replicatedJobs/2/template/spec/completions", "value": 4}]
+  grown = player.json_patched(manifest, patch)
+  k8s_schemas.validate_jobset(grown)
+  workers = [p for p in jobset_pods.planned_pods(grown) if p.replicated_job == "worker"]
+  assert [p.hostname for p in workers] == [f"ctr-worker-0-{i}" for i in range(4)]
+  assert {p.argv for p in workers} == {  # Every new pod runs the same command.
+      p.argv for p in jobset_pods.planned_pods(manifest) if p.replicated_job == "worker"}
+  others = lambda m: [r for r in m["spec"]["replicatedJobs"] if r["name"] != "worker"]
+  assert others(grown) == others(manifest) and manifest != grown  # The input is untouched.
+  shrunk = player.json_patched(grown, jobset.worker_scale_patch(grown, 1))
+  assert [p.hostname for p in jobset_pods.planned_pods(shrunk)
+          if p.replicated_job == "worker"] == ["ctr-worker-0-0"]
+
+
+@pytest.mark.parametrize("workers, message", [
+    (0, "workers (0) must be between 1 and the JobSet's max_workers (5)"),
+    (6, "workers (6) must be between 1 and the JobSet's max_workers (5)")])
+def test_a_scale_beyond_max_workers_is_a_usage_error(elastic, workers, message):
+  with pytest.raises(errors.UsageError, match=re.escape(message)):
+    jobset.worker_scale_patch(elastic[0], workers)
+
+
+def test_a_fixed_jobset_cannot_be_scaled_and_a_patch_must_replace_a_real_path(documents):
+  with pytest.raises(errors.UsageError, match="not elastic"):
+    jobset.worker_scale_patch(documents[0], 3)
+  with pytest.raises(ValueError, match="must be 'replace'"):
+    player.json_patched(documents[0], [{"op": "add", "path": "/spec/x", "value": 1}])
+  with pytest.raises(ValueError, match="is not in the manifest"):
+    player.json_patched(documents[0], [{"op": "replace", "path": "/spec/nope/0", "value": 1}])
 
 
 def test_without_max_workers_nothing_elastic_is_rendered(documents):

@@ -14,6 +14,8 @@ working worker uses CPU as a real one does).
 
 import orbit
 import tensorflow as tf
+# TensorFlow's own test transformation (no public alias in 2.20).
+from tensorflow.python.data.experimental.ops import testing as tf_data_testing
 
 from tfps import Experiment
 
@@ -21,13 +23,19 @@ from tfps import Experiment
 class CountingTrainer(orbit.StandardTrainer):
   """A plain Orbit trainer whose step counts the ids of its batch."""
 
-  def __init__(self, counts: tf.Variable, global_step: tf.Variable, dataset, work: int = 0):
+  def __init__(self, counts: tf.Variable, global_step: tf.Variable, dataset, work: int = 0,
+               wait_ms: int = 0):
     self.strategy = tf.distribute.get_strategy()
     self.counts, self.global_step, self._work = counts, global_step, work
+    self._wait_ms = wait_ms
     super().__init__(dataset)
 
   def train_step(self, iterator):
     ids = next(iterator)
+    if self._wait_ms:  # A step that waits on its worker (as on a remote service), no CPU.
+      waited = tf.data.Dataset.from_tensors(0).apply(
+          tf_data_testing.sleep(self._wait_ms * 1000)).get_single_element()
+      ids = ids + tf.cast(waited, ids.dtype)
     self.counts.scatter_add(tf.IndexedSlices(tf.ones_like(ids, tf.int32), ids))
     self.global_step.assign_add(1)
     logs = {"loss": tf.cast(tf.size(ids), tf.float32)}
@@ -37,29 +45,27 @@ class CountingTrainer(orbit.StandardTrainer):
     return logs
 
 
-def dataset_fn_for(examples: int, batch_size: int, sleep_ms: int = 0):
+def dataset_fn_for(examples: int, batch_size: int):
   """One epoch of ids, shard i of n strided so that building any shard is cheap."""
 
   def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-    dataset = tf.data.Dataset.range(tf.cast(input_context.input_pipeline_id, tf.int64),
-                                    examples,
-                                    tf.cast(input_context.num_input_pipelines, tf.int64)
-                                    ).batch(batch_size)
-    if sleep_ms:  # A slow input: every batch takes this long (on the worker).
-      dataset = dataset.apply(tf.data.experimental.sleep(sleep_ms * 1000))
-    return dataset
+    return tf.data.Dataset.range(tf.cast(input_context.input_pipeline_id, tf.int64),
+                                 examples,
+                                 tf.cast(input_context.num_input_pipelines, tf.int64)
+                                 ).batch(batch_size)
 
   return dataset_fn
 
 
 def counting(context):
   examples = int(context.params.get("examples", 4000))
-  sleep_ms = int(context.params.get("step_sleep_ms", 0))
   counts = tf.Variable(tf.zeros([examples], tf.int32), name="counts")
   step = orbit.utils.create_global_step()
-  trainer = CountingTrainer(counts, step,
-                            dataset_fn_for(examples, context.global_batch_size, sleep_ms),
-                            work=int(context.params.get("work", 0)))
+  # `wait_ms`: each step also waits this long on its worker (a worker-bound
+  # model whose steps/s grow with the workers, even on few cores).
+  trainer = CountingTrainer(counts, step, dataset_fn_for(examples, context.global_batch_size),
+                            work=int(context.params.get("work", 0)),
+                            wait_ms=int(context.params.get("wait_ms", 0)))
   return Experiment(trainer=trainer, evaluator=None, checkpoint_items={"counts": counts},
                     global_step=step)
 

@@ -80,6 +80,30 @@ def render(config: config_lib.JobManifestConfig) -> list[dict]:
   return [jobset, pods.network_policy(config)]
 
 
+def worker_scale_patch(manifest: dict, workers: int) -> list[dict]:
+  """The JSON patch (`kubectl patch jobset NAME --type=json -p ...`) that resizes an
+  elastic JobSet's worker Job to `workers` pods: its `parallelism` and `completions`
+  together, the only change JobSet's `ElasticJobSet` gate lets through.
+
+  Raises:
+    UsageError: not an elastic manifest of tfps's, or `workers` outside 1..max_workers.
+  """
+  names = [rjob["name"] for rjob in manifest["spec"]["replicatedJobs"]]
+  worker = spec_lib.JobType.WORKER.value
+  if worker not in names:
+    raise errors.UsageError(f"the JobSet {manifest['metadata']['name']} has no {worker} job")
+  rjob = manifest["spec"]["replicatedJobs"][names.index(worker)]
+  (container,) = rjob["template"]["spec"]["template"]["spec"]["containers"]
+  most = next((int(a.split("=", 1)[1]) for a in container.get("args", ())
+               if a.startswith("--max_workers=")), None)
+  if most is None or not 1 <= workers <= most:
+    raise errors.UsageError(f"workers ({workers}) must be between 1 and the JobSet's "
+                            f"max_workers ({most if most is not None else 'none: not elastic'})")
+  path = f"/spec/replicatedJobs/{names.index(worker)}/template/spec"
+  return [{"op": "replace", "path": f"{path}/parallelism", "value": workers},
+          {"op": "replace", "path": f"{path}/completions", "value": workers}]
+
+
 def _replicated_job(config: config_lib.JobManifestConfig,
                     role: spec_lib.JobType) -> dict:
   count = _pods_at_start(config, role)
