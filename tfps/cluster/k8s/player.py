@@ -152,14 +152,22 @@ class Player:
       if self._processes[i] is not None:
         processes.stop_group(self._processes[i], grace=_STOP_GRACE_SECONDS)
     known = {p.hostname for p in self.pods}
-    added = [p for p in wanted.values() if p.hostname not in known]
-    for pod in added:
-      self.hosts.add(f"{pod.dns_name} {pod.hostname}")
-      self.pods.append(pod)
-      self._processes.append(None)
-      self.starts[pod.hostname] = 0
-      self._start(len(self.pods) - 1)
-    return [p.hostname for p in added], dropped
+    added = []
+    for pod in wanted.values():
+      if pod.hostname not in known:
+        self.hosts.add(f"{pod.dns_name} {pod.hostname}")
+        self.pods.append(pod)
+        self._processes.append(None)
+        self.starts[pod.hostname] = 0
+        self._start(len(self.pods) - 1)
+      elif (i := self._index(pod.hostname)) in self._dropped:  # Down, then up again.
+        self._dropped.discard(i)
+        self.hosts.move(i)  # A new pod under its name.
+        self._start(i)
+      else:
+        continue
+      added.append(pod.hostname)
+    return added, dropped
 
   def run(self, timeout: float, on_poll=lambda player: None,
           until: Callable[["Player"], bool] = lambda player: False) -> PlayResult:
