@@ -117,7 +117,7 @@ class VirtualHosts:
   def add(self, name: str) -> int:
     """A new host named `name` (the hosts file names it before this returns); its index."""
     if len(self._hosts) >= 250:
-      raise ValueError("hosts (251) must be between 1 and 250")
+      raise ValueError(f"hosts ({len(self._hosts) + 1}) must be between 1 and 250")
     self._hosts.append(self._new_host())
     self.names = (*self.names, name)
     self._write_hosts_file()

@@ -335,11 +335,12 @@ class PSTrainer(orbit.StandardTrainer):
     # Each worker instantiates the loop's closures and the one for other sizes
     # (a shard's tail, maybe in the first loop): done once it has both.
     calls, lock, all_done = collections.Counter(), threading.Lock(), threading.Event()
+    warm = lambda: sum(1 for n in calls.values() if n >= 2)  # Workers with both.
 
     def done(index: int) -> None:
       with lock:
         calls[index] += 1
-        if sum(1 for n in calls.values() if n >= 2) == self._runtime.num_workers:
+        if warm() == self._runtime.num_workers:
           all_done.set()
 
     with self._runtime.strategy.scope():
@@ -354,9 +355,8 @@ class PSTrainer(orbit.StandardTrainer):
     if not all_done.wait(timeout):
       logging.warning("built ahead: %d of %d workers instantiated the train closures within "
                       "%.0fs; the others will when they first run one",
-                      sum(1 for n in calls.values() if n >= 2), self._runtime.num_workers,
-                      timeout)
-    return sum(1 for n in calls.values() if n >= 2)
+                      warm(), self._runtime.num_workers, timeout)
+    return warm()
 
   def start_training(self) -> None:
     """Training starts now, after a `build_ahead`: its loops' clocks start here."""

@@ -37,6 +37,7 @@ one line and the closure is traced.
 
 import base64
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -261,9 +262,8 @@ class TraceCache:
     another (`load` would try it), without reading what it captured."""
     for path in self._candidates(name):
       try:
-        with open(path, encoding="utf-8") as f:
-          if self._same_but_layout(json.load(f)):
-            return True
+        if self._same_but_layout(_read_entry(path)):
+          return True
       except (OSError, ValueError):
         continue
     return False
@@ -281,8 +281,7 @@ class TraceCache:
     exact = self.path(name)
     for path in self._candidates(name):
       try:
-        with open(path, encoding="utf-8") as f:
-          entry = json.load(f)
+        entry = _read_entry(path)
         if not self._same_but_layout(entry):
           if path == exact:
             reasons.append("stored by another version or configuration")
@@ -346,6 +345,21 @@ class TraceCache:
     return (entry.get("format") == FORMAT and isinstance(theirs, dict)
             and {k: v for k, v in theirs.items() if k != LAYOUT}
             == {k: v for k, v in ours.items() if k != LAYOUT})
+
+
+def _read_entry(path: str) -> dict[str, Any]:
+  """The stored entry at `path`, parsed once per version of the file in this process:
+  a coordinator's start asks `stored` for several closure sizes, then `load`s one,
+  and an entry is megabytes of JSON."""
+  status = os.stat(path)
+  return _parsed(path, status.st_size, status.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(path: str, size: int, mtime_ns: int) -> dict[str, Any]:
+  del size, mtime_ns  # The cache key: a rewritten file is read again.
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
 
 
 def _modified(path: str) -> int:
