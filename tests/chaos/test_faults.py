@@ -28,6 +28,7 @@ def test_parse_explicit_faults_sorted_by_time():
     ("", "no fault"),
     ("worker:1", "must look like TARGET@SECONDS|stepN|standby:ACTION"),
     ("chief:0@standby:kill+3", "@standby needs a standby chief (--chief_standby)"),
+    ("chief:active@step5:kill+3", "chief:active needs a standby chief (--chief_standby)"),
     ("worker:1@x:kill", "must look like"),
     ("worker:7@1:kill", "no task worker:7 in this cluster"),
     ("evaluator:0@1:kill", "no task evaluator:0"),
@@ -127,6 +128,28 @@ def test_a_fault_at_standby_waits_for_the_prepared_standby_chief_whatever_the_st
   assert not faults[0].due(seconds=1e6, step=10**9, standby_prepared=False)
   assert faults[0].due(seconds=0.0, step=0, standby_prepared=True)
   assert not faults[1].due(seconds=0.0, step=499, standby_prepared=True)
+
+
+STANDBY = spec_lib.ClusterSpec.from_dict({
+    "chief": ["c:1", "c:2"], "ps": ["p:1"], "worker": ["w:1", "w:2"]})
+
+
+def test_the_active_chief_is_a_target_named_when_the_fault_is_injected():
+  fault, = faults_lib.parse_faults("chief:active@step500:kill+3", STANDBY)
+  assert fault.active_chief and str(fault) == "chief:active@step500:kill+3"
+  aimed = fault.aimed_at(spec_lib.TaskId(Job.CHIEF, 1))
+  assert str(aimed) == "chief:1@step500:kill+3" and not aimed.active_chief
+  with pytest.raises(errors.UsageError, match="the active chief is hit, then comes back"):
+    faults_lib.parse_faults("chief:active@step500:kill+never", STANDBY)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_random_schedule_aims_chief_faults_at_the_active_chief_when_there_is_a_standby(seed):
+  draw = lambda cluster: faults_lib.random_schedule(seed=seed, count=6, duration=100,
+                                                    cluster=cluster)
+  chiefs = [f for f in draw(STANDBY) if f.target.job == Job.CHIEF]
+  assert chiefs and all(f.active_chief for f in chiefs)
+  assert not any(f.active_chief for f in draw(CLUSTER))
 
 
 def test_seconds_and_steps_do_not_mix():

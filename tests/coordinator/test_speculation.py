@@ -117,3 +117,49 @@ def test_a_held_closure_runs_again_elsewhere_and_the_first_run_is_dropped(runtim
     gate.assign(1)
     watch.stop()
     attempts.close()
+
+
+class _Attempts:
+  """Closure attempts as `Speculation` sees them: worker 0 holds a taken run."""
+
+  def __init__(self, running, held):
+    self.on_end, self.on_done = [], []
+    self._running, self._held = running, held
+    self.taken = []
+
+  def running(self):
+    return list(self._running)
+
+  def held_workers(self):
+    return set(self._held)
+
+  def take_away(self, attempt):
+    self.taken.append(attempt)
+    return True
+
+
+def _attempt(worker):
+  return tf_internals.ClosureAttempt(closure=None, worker_index=worker, task_index=worker,
+                                     started=0.0)
+
+
+@pytest.mark.parametrize("running, held, taken", [
+    ([1], (), [1]),
+    ([1], (0,), []),
+    ([1], (0, 1), []),
+    ([0, 1], (), [0]),  # Worker 0's taken: worker 1's has nowhere left to go.
+])
+def test_a_closure_is_taken_only_when_a_worker_not_held_can_run_it(running, held, taken):
+  # Worker 0's thread waits on a run taken from it (a paused worker): worker 1's
+  # slow closure has nowhere else to go, and taking it would only drop its work.
+  attempts = _Attempts([_attempt(w) for w in running], held)
+  now = [100.0]
+  watch = speculation_lib.Speculation(attempts, num_workers=2, probe=lambda task: False,
+                                      clock=lambda: now[0])
+  try:
+    for seconds in [1.0] * 8:
+      attempts.on_done[0](None, seconds)
+    watch.look()
+    assert [a.worker_index for a in attempts.taken] == taken and watch.rerun == len(taken)
+  finally:
+    watch.stop()

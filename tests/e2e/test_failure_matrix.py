@@ -110,6 +110,13 @@ def test_a_paused_worker_s_closure_runs_again_elsewhere_and_training_goes_on(run
   Its closure runs again on the other worker while it sleeps; woken, its own run
   stops at its next fence check, and it takes closures again."""
   worker = run.cluster.worker(1)
+  # Paused while it instantiates closures (a warm-up, which no loop waits for),
+  # it would hold no train closure to take: pause it once it trains written-out ones.
+  written_out = "writing out the full-size closures"
+  run.wait_for(lambda: written_out in run.log() and "worker:1: train closures instantiated"
+               in run.log().rsplit(written_out, 1)[1], timeout=60,
+               what="worker:1 to instantiate the written-out closures")
+  run.wait_for_work([worker])
   reruns = run.log().count("run again on another worker")
   restores = len(run.restores)
   worker.pause()

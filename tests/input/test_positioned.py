@@ -150,6 +150,31 @@ def test_a_looped_start_writes_out_after_its_time_and_reads_each_batch_once(runt
   assert int(step.numpy()) == EPOCH
 
 
+def test_the_written_out_closures_wait_while_a_worker_does_not_answer(runtime, monkeypatch):
+  # Their first trace registers functions with every worker: a paused one would
+  # hold the whole coordinator, so the looped ones go on until it answers.
+  from tfps.cluster import readiness
+  reachable = readiness.reachable
+  silent = {"worker:1"}
+  monkeypatch.setattr(readiness, "reachable", lambda cluster, tasks, timeout: {
+      t for t in reachable(cluster, tasks, timeout) if str(t) not in silent})
+  step = tf.Variable(0, dtype=tf.int64)
+  counts = tf.Variable(tf.zeros([EXAMPLES], tf.int32))
+  trainer = input_experiments.CountingTrainer(
+      counts, step, input_experiments.dataset_fn_for(EXAMPLES, BATCH))
+  closures = _ClosureLog(runtime.coordinator)
+  ps_trainer = trainer_lib.PSTrainer(
+      trainer, dataclasses.replace(runtime, coordinator=closures),
+      OPTIONS(steps_per_closure=10, looped_seconds=1e-9))
+  ps_trainer.train(tf.constant(20))
+  ps_trainer.train(tf.constant(20))  # Ready to write out, but worker:1 is silent.
+  assert closures.names == ["fast_closure"] * 4 and ps_trainer.full_closure_ready.is_set()
+  silent.clear()
+  ps_trainer.train(tf.constant(20))
+  assert closures.names[4:] == ["full_closure"] * 2, closures.names
+  assert np.array_equal(counts.numpy(), np.ones(EXAMPLES, np.int32))  # Each batch once.
+
+
 def test_by_default_every_full_closure_is_written_out(runtime):
   step = tf.Variable(0, dtype=tf.int64)
   trainer = input_experiments.CountingTrainer(

@@ -40,7 +40,7 @@ def test_a_beat_is_silent_from_when_this_reader_last_saw_it_change():
 def test_one_replica_takes_each_generation_and_the_view_reads_it(tmp_path):
   store, other = chief_lease.LeaseStore(str(tmp_path)), chief_lease.LeaseStore(str(tmp_path))
   watch = chief_lease.BeatWatch()
-  assert store.view(watch, 0.0) == View(0)
+  assert store.view(watch, 0.0) == View(0) and store.holder() is None
   assert store.view(watch, 2.0) == View(0, silent_seconds=2.0)  # Untaken that long.
   assert store.take(1, "chief:0 pid 1") and not other.take(1, "chief:1 pid 2")
   store.beat(1, 0)
@@ -49,7 +49,7 @@ def test_one_replica_takes_each_generation_and_the_view_reads_it(tmp_path):
   store.end(1, 143)
   assert other.view(watch, 7.0).end_code == 143
   assert not store.superseded(1) and other.take(2, "chief:1 pid 2") and store.superseded(1)
-  assert other.latest() == 2
+  assert other.latest() == 2 and store.holder() == "chief:1 pid 2"
 
 
 def test_the_fence_stops_a_write_once_the_next_generation_is_taken(tmp_path):

@@ -24,6 +24,7 @@ from tensorflow.core.function.polymorphism import function_type as function_type
 from tensorflow.python.distribute import sharded_variable as sharded_variable_lib
 from tensorflow.python.distribute.coordinator import cluster_coordinator
 from tensorflow.python.eager import context as context_lib
+from tensorflow.python.eager import executor as executor_lib
 from tensorflow.python.eager.polymorphic_function import concrete_function as concrete_lib
 from tensorflow.python.framework import function_def_to_graph as function_def_to_graph_lib
 
@@ -125,6 +126,22 @@ def close_async_writer(checkpoint: tf.train.Checkpoint) -> None:
   checkpoint._async_checkpointer_impl = None  # pylint: disable=protected-access
   atexit.unregister(writer._join_async_save_thread)  # pylint: disable=protected-access
   writer._join_async_save_thread()  # pylint: disable=protected-access
+
+
+def trace_async_copy(checkpoint: tf.train.Checkpoint) -> None:
+  """Traces the asynchronous writer's copy function now, once its first write is made.
+
+  TensorFlow's writer copies the variables at each write after its first through
+  a function it traces at its second write: mid-run, where the registration of a
+  new function waits for a paused worker with the GIL held
+  (`write_with_one_function`). Traced here, right after the first write (a run's
+  start), later writes register nothing.
+  """
+  writer = _async_writer(checkpoint)
+  if writer is None or not writer._initialized or getattr(writer, "_tfps_copy_traced", False):  # pylint: disable=protected-access
+    return
+  writer._copy_to_cpu.get_concrete_function()  # pylint: disable=protected-access
+  writer._tfps_copy_traced = True  # pylint: disable=protected-access
 
 
 def write_with_one_function(checkpoint: tf.train.Checkpoint, *, asynchronous: bool) -> None:
@@ -358,6 +375,11 @@ class ClosureAttempts:
     with self._lock:
       return [a for a in self._running.values() if not (a.finished or a.taken_away)]
 
+  def held_workers(self) -> set[int]:
+    """The workers whose thread still waits on a taken attempt: they run nothing else."""
+    with self._lock:
+      return {i for i, a in self._running.items() if a.taken_away and not a.finished}
+
   def take_away(self, attempt: ClosureAttempt) -> bool:
     """Queues `attempt`'s closure again, first; False if it had ended meanwhile."""
     # pylint: disable=protected-access
@@ -380,6 +402,14 @@ class ClosureAttempts:
     process = cluster_coordinator.Worker._process_closure  # pylint: disable=protected-access
 
     def process_closure(closure):
+      if getattr(self._local, "executor", None) is None:
+        # An executor of the thread's own for what it runs outside the closure's
+        # call (its result's copy): else that goes to the context's default
+        # executor, shared by every worker thread, and each of them, leaving its
+        # closure's executor scope, waits for everything pending there
+        # (`Executor.__del__`): a paused worker's copy held them all.
+        self._local.executor = executor_lib.new_executor(enable_async=False)
+        context_lib.context().executor = self._local.executor
       attempt = ClosureAttempt(closure, worker.worker_index,
                                int(worker.device_name.rsplit("task:", 1)[1].split("/")[0]),
                                self._clock())

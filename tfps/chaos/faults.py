@@ -13,6 +13,8 @@ reached global step N (as the progress log shows), whatever the host's speed:
   ps:0@step800:kill+3    SIGKILL ps 0 once step 800 is reached
   chief:0@standby:kill+never  SIGKILL the active chief once the standby chief
                          has its coordinator prepared ahead (`--chief_standby`)
+  chief:active@step500:kill+3  SIGKILL whichever chief replica holds the lease
+                         then (`--chief_standby`; random schedules aim so)
   worker:2@step900:join  start worker 2, room the cluster had but did not fill
                          (`--max_workers`): a worker joins the running job
   worker:1@step990:leave SIGTERM worker 1 for good: a worker leaves the job
@@ -76,6 +78,9 @@ class Fault:
   back_after: float | None = 5.0
   at_step: int | None = None
   at_standby: bool = False
+  # Aimed at the chief replica holding the lease when it is injected (`target`
+  # is then chief:0 until `aimed_at` names the holder).
+  active_chief: bool = False
 
   def due(self, seconds: float, step: int, standby_prepared: bool = False) -> bool:
     """Time to inject, `seconds` into training at global step `step` (and the standby
@@ -98,14 +103,23 @@ class Fault:
           f"fault {self}: a ps must come back (the job needs its ps)")
     if self.back_after is not NEVER and self.back_after < 0:
       raise errors.UsageError(f"fault {self}: delay ({self.back_after}) must be >= 0")
+    if self.active_chief and (self.target.job != spec_lib.JobType.CHIEF
+                              or self.back_after is NEVER):
+      raise errors.UsageError(f"fault {self}: the active chief is hit, then comes back "
+                              "(+SECONDS)")
+
+  def aimed_at(self, holder: spec_lib.TaskId) -> "Fault":
+    """This fault on `holder`, the chief replica holding the lease as it is injected."""
+    return dataclasses.replace(self, target=holder, active_chief=False)
 
   def __str__(self) -> str:
     after = "never" if self.back_after is NEVER else f"{self.back_after:g}"
     when = ("standby" if self.at_standby else
             f"step{self.at_step}" if self.at_step is not None else f"{self.at_seconds:g}")
+    target = "chief:active" if self.active_chief else self.target
     if self.action.resizes:
-      return f"{self.target}@{when}:{self.action.value}"
-    return f"{self.target}@{when}:{self.action.value}+{after}"
+      return f"{target}@{when}:{self.action.value}"
+    return f"{target}@{when}:{self.action.value}+{after}"
 
 
 def parse_faults(text: str, cluster: spec_lib.ClusterSpec, *,
@@ -122,8 +136,9 @@ def parse_faults(text: str, cluster: spec_lib.ClusterSpec, *,
         and not cluster.chief_standby):
       raise errors.UsageError(
           f"fault {fault}: a chief that never comes back needs a standby (--chief_standby)")
-    if fault.at_standby and not cluster.chief_standby:
-      raise errors.UsageError(f"fault {fault}: @standby needs a standby chief (--chief_standby)")
+    if (fault.at_standby or fault.active_chief) and not cluster.chief_standby:
+      raise errors.UsageError(f"fault {fault}: {'@standby' if fault.at_standby else 'chief:active'}"
+                              " needs a standby chief (--chief_standby)")
     faults.append(fault)
   if not faults:
     raise errors.UsageError(f"--faults: no fault in {text!r}")
@@ -165,7 +180,9 @@ def _parse_one(item: str, cluster: spec_lib.ClusterSpec) -> Fault:
   action_name, plus, after = action_text.partition("+")
   if not at or not colon:
     raise errors.UsageError(f"--faults: {item!r} must look like {usage}")
-  target = spec_lib.TaskId.parse(target_text)
+  active_chief = target_text.strip() == "chief:active"
+  target = spec_lib.TaskId(spec_lib.JobType.CHIEF, 0) if active_chief else (
+      spec_lib.TaskId.parse(target_text))
   if target.index >= cluster.num_tasks(target.job):
     raise errors.UsageError(f"--faults: {item!r}: no task {target} in this cluster")
   try:
@@ -185,7 +202,8 @@ def _parse_one(item: str, cluster: spec_lib.ClusterSpec) -> Fault:
     raise errors.UsageError(f"--faults: {item!r} must look like {usage}") from None
   if at_step is not None and at_step < 0:
     raise errors.UsageError(f"--faults: {item!r}: step ({at_step}) must be >= 0")
-  return Fault(at_seconds, target, action, back_after, at_step=at_step, at_standby=at_standby)
+  return Fault(at_seconds, target, action, back_after, at_step=at_step, at_standby=at_standby,
+               active_chief=active_chief)
 
 
 # Random faults by step fall in this part of the run: after the first loops
@@ -210,7 +228,8 @@ def random_schedule(*, seed: int, count: int, duration: float,
   order); the rest pick any task. With `never_returns`, one worker fault is
   permanent; with `network_faults` (virtual hosts), link cuts are drawn too.
   Only the `workers_started` first workers are hit (default: all); joins and
-  leaves are never drawn.
+  leaves are never drawn. With a standby chief, a chief fault hits whichever
+  replica holds the lease then (`chief:active`): the one whose loss counts.
   """
   if count < 3:
     raise errors.UsageError(f"fault count ({count}) must be >= 3 (a worker, a ps, the chief)")
@@ -229,11 +248,14 @@ def random_schedule(*, seed: int, count: int, duration: float,
     fraction = rng.uniform(0.1, 0.4)
     action = rng.choice([a for a in FaultAction if not a.resizes
                          and (a != FaultAction.CUT or network_faults)])
+    active = cluster.chief_standby and target.job == spec_lib.JobType.CHIEF
     if train_steps:
       at_step = int(low + (high - low) / count * (i + fraction))
-      faults.append(Fault(0.0, target, action, back_after, at_step=at_step))
+      faults.append(Fault(0.0, target, action, back_after, at_step=at_step,
+                          active_chief=active))
     else:
-      faults.append(Fault(round(slot * (i + fraction), 1), target, action, back_after))
+      faults.append(Fault(round(slot * (i + fraction), 1), target, action, back_after,
+                          active_chief=active))
   if never_returns:
     i = next(i for i, f in enumerate(faults) if f.target.job == spec_lib.JobType.WORKER)
     faults[i] = dataclasses.replace(faults[i], action=FaultAction.KILL, back_after=NEVER)

@@ -34,11 +34,13 @@ import time
 from absl import logging
 
 from tfps.cluster import local
+from tfps.cluster import spec as spec_lib
 from tfps.chaos import faults as faults_lib
 from tfps.chaos import tracker as tracker_lib
 from tfps.chaos import goodput
 from tfps.chaos import timeline
 from tfps.base import errors
+from tfps.recovery import chief_lease
 from tfps.recovery import events
 from tfps.base import log_summary
 from tfps.recovery import progress_log as progress_lib
@@ -99,7 +101,8 @@ def run(flags) -> errors.ExitCode:
     runner.start()
     pending = list(faults)
     outcome = _inject_until_done(cluster, runner, stop, pending, tracker,
-                                 progress_lib.ProgressLog(model_dir), events.EventLog(model_dir))
+                                 progress_lib.ProgressLog(model_dir), events.EventLog(model_dir),
+                                 model_dir)
   report = tracker_lib.report(tracker.outcomes())
   result = {"status": "failed", **report, "reason": outcome.reason,
             # Every process that died, the faults' victims among them (recovery.deaths).
@@ -133,7 +136,7 @@ def _print(result: dict) -> None:
 
 
 def _inject_until_done(cluster, runner, stop, pending, tracker, progress,
-                       event_log: events.EventLog) -> orchestrator.Outcome:
+                       event_log: events.EventLog, model_dir: str) -> orchestrator.Outcome:
   restores: list[_Restore] = []
   began = time.time()
   started = None  # Monotonic time of the first progress record.
@@ -153,6 +156,8 @@ def _inject_until_done(cluster, runner, stop, pending, tracker, progress,
       while pending and pending[0].due(elapsed, step, pending[0].at_standby
                                        and _standby_prepared(event_log, since=began)):
         fault = pending.pop(0)
+        if fault.active_chief:
+          fault = fault.aimed_at(_lease_holder(model_dir))
         _inject(cluster, runner, fault)
         tracker.injected(fault, wall_time=time.time(), since_start=elapsed)
         if fault.back_after is not faults_lib.NEVER:
@@ -173,6 +178,13 @@ def _standby_prepared(event_log: events.EventLog, since: float) -> bool:
                                                 policy.Action.STANDBY_RETIRED.value):
       latest[event.task] = event.action
   return policy.Action.STANDBY_PREPARED.value in latest.values()
+
+
+def _lease_holder(model_dir: str) -> spec_lib.TaskId:
+  """The chief replica holding the lease now (chief:0 before any took it)."""
+  holder = chief_lease.LeaseStore(model_dir).holder()
+  return spec_lib.TaskId.parse(holder.split(" ", 1)[0]) if holder else (
+      spec_lib.TaskId(spec_lib.JobType.CHIEF, 0))
 
 
 def _inject(cluster, runner, fault: faults_lib.Fault) -> None:

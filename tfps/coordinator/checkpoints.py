@@ -154,6 +154,8 @@ class Manager(tf.train.CheckpointManager):
     path = super().save(checkpoint_number=checkpoint_number, check_interval=check_interval,
                         options=options)
     if path is not None:
+      if self.asynchronous:
+        tf_internals.trace_async_copy(self.checkpoint)
       self.saves += 1
       self.stall_seconds += time.perf_counter() - start
     return path

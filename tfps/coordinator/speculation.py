@@ -77,31 +77,35 @@ class Speculation:
     """One look at every running closure (the thread's body; tests call it)."""
     now = self._clock()
     durations = list(self._durations)
+    held = self._attempts.held_workers()
     for attempt in self._attempts.running():
       running = now - attempt.started
       answers = attempt.answers
-      verdict = slow_closures.judge(running, durations, other_workers=self._num_workers - 1,
+      # A worker whose thread waits on a taken run (a paused one) would run nothing.
+      others = self._num_workers - 1 - len(held - {attempt.worker_index})
+      verdict = slow_closures.judge(running, durations, other_workers=others,
                                     answers=answers, rules=self._rules)
       if verdict is slow_closures.Verdict.PROBE:
         answers = attempt.answers = self._probe(attempt.task_index)
-        verdict = slow_closures.judge(running, durations, other_workers=self._num_workers - 1,
+        verdict = slow_closures.judge(running, durations, other_workers=others,
                                       answers=answers, rules=self._rules)
-      if verdict is slow_closures.Verdict.RERUN:
-        self._rerun(attempt, running, answers)
+      if verdict is slow_closures.Verdict.RERUN and self._rerun(attempt, running, answers):
+        held.add(attempt.worker_index)  # Its thread now waits on the taken run.
 
   def _rerun(self, attempt: tf_internals.ClosureAttempt, running: float,
-             answers: bool | None) -> None:
+             answers: bool | None) -> bool:
+    """Takes `attempt` off its worker and queues it again; False if it could not."""
     ticket = self._ticket(attempt)
     if ticket is not None:
       code, start = ticket
       if code // self._num_shards % closure_fence.ATTEMPTS == closure_fence.ATTEMPTS - 1:
-        return  # Its last ticket: it waits for its worker.
+        return False  # Its last ticket: it waits for its worker.
       # The next run's own ticket (the shard is the code modulo the shards).
       attempt.closure._args = (*attempt.args[:-2],  # pylint: disable=protected-access
                                tf.constant(code + self._num_shards, tf.int64),
                                tf.constant(start, tf.int64))
     if not self._attempts.take_away(attempt):
-      return  # It ended meanwhile.
+      return False  # It ended meanwhile.
     if ticket is not None:
       # Only once taken: a run that fails its check before would fail the loop.
       self._fence.revoke(*ticket)
@@ -111,10 +115,11 @@ class Speculation:
                     "run again on another worker", attempt.task_index, running,
                     slow_closures.percentile_90(list(self._durations) or [0.0]),
                     "does not answer" if answers is False else "answers")
+    return True
 
   def _ticket(self, attempt) -> tuple[int, int] | None:
-    output = attempt.output
-    if self._fence is None or output is None or output not in self._fenced:
+    output = attempt.output if self._fence is not None else None
+    if output is None or output not in self._fenced:
       return None  # Run again as it is: nothing stops its first run when it wakes.
     code, start = attempt.args[-2:]
     return int(code.numpy()), int(start.numpy())

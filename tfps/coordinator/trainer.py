@@ -258,6 +258,7 @@ class PSTrainer(orbit.StandardTrainer):
     self._closures: closures_lib.TrainClosures | None = None  # Made with the loop.
     self._failover: failover_graphs_lib.FailoverGraphs | None = None  # Made with the loop.
     self._written_out_loops = 0
+    self._said_silent = False  # A silent worker held back new closures (said once).
     self._fast_loops = 0  # Loops with the fast-start closure (positioned input).
     self._loop_slack = options.loop_slack
     self.full_closure_ready = threading.Event()  # Full-size closures are written out.
@@ -500,7 +501,11 @@ class PSTrainer(orbit.StandardTrainer):
     with self._runtime.strategy.scope():
       if self._full_size is None:
         self._choose_full_size(iterator, loop)
-      loop.written_out = self.full_closure_ready.is_set()  # One kind per loop.
+      # One kind per loop. The written-out kind's first trace registers new
+      # functions with every worker, which waits for a paused one (holding the
+      # GIL: the whole coordinator would stand still), so it waits until all answer.
+      loop.written_out = self.full_closure_ready.is_set() and (
+          self._written_out_loops > 0 or self._workers_all_answer())
       if self._warm is not None:
         with _step_log_errors():  # Traces the closures of that kind (the warm-ups' calls).
           self._warm.before_loop(written_out=loop.written_out)
@@ -510,12 +515,13 @@ class PSTrainer(orbit.StandardTrainer):
       most = self._closure_steps(self._full_size)
       self._schedule(iterator, loop, plan_closures(loop.left, most, self._runtime.num_workers),
                      slack=True)
+      kind = closures_lib.Kind.FULL if loop.written_out else closures_lib.Kind.FAST
       if self._failover is not None and not loop.cut_short and (
-          self._written_out_loops if loop.written_out else self._fast_loops):
+          self._written_out_loops if loop.written_out else self._fast_loops) and (
+          self._failover.started(kind) or self._workers_all_answer()):
         # Once per kind, from its second loop: the first (maybe the coordinator's
         # first) is not kept waiting, nor a save. Here, the workers train meanwhile.
-        loop.warming = self._failover.start(closures_lib.Kind.FULL if loop.written_out
-                                            else closures_lib.Kind.FAST)
+        loop.warming = self._failover.start(kind)
       self._runtime.coordinator.join()
     # A loop that instantiated its closures, or built failover graphs, says nothing
     # of the steps.
@@ -621,6 +627,18 @@ class PSTrainer(orbit.StandardTrainer):
     del seconds  # A worker thread's: counted for the loop's record.
     with self._closures_lock:
       self._closures_done[f"worker:{attempt.task_index}"] += 1
+
+  def _workers_all_answer(self) -> bool:
+    """Whether every worker answers a probe now (says once which did not): before
+    anything that makes new functions mid-run (they are registered with every worker)."""
+    tasks = [spec_lib.TaskId(spec_lib.JobType.WORKER, i) for i in range(self._runtime.num_workers)]
+    silent = sorted(set(tasks) - readiness.reachable(self._runtime.cluster, tasks,
+                                                      speculation_lib.PROBE_SECONDS))
+    if silent and not self._said_silent:
+      self._said_silent = True
+      logging.warning("%s does not answer: new closures (written out, failover graphs) wait "
+                      "for it (registering them would)", ", ".join(map(str, silent)))
+    return not silent
 
   def _worker_answers(self, task_index: int) -> bool:
     task = spec_lib.TaskId(spec_lib.JobType.WORKER, task_index)

@@ -161,6 +161,10 @@ class FailoverGraphs:
     self._resources = {}  # Kept: TF forgets a per-worker resource nobody holds.
     self._other_asked = False  # The closure for other sizes rides with the first kind asked.
 
+  def started(self, kind: str) -> bool:
+    """Whether `start` was asked for `kind` already (it then makes nothing new)."""
+    return str(kind) in self._started
+
   def start(self, kind: str = "full") -> bool:
     """Asks each worker that does not hold `kind`'s graphs yet, before its next closure;
     whether any was asked (the loop then waits for their optimization).

@@ -162,6 +162,11 @@ class LeaseStore:
                      silent_seconds=watch.silent_for(generation, _int(beat), now),
                      presence=_read(self._path("presence", generation)))
 
+  def holder(self) -> str | None:
+    """Who took the newest generation (as `take` was told), None if nobody has."""
+    generation = self.latest()
+    return _read(self._path("generation", generation)) if generation else None
+
   def take(self, generation: int, holder: str) -> bool:
     """Takes `generation` for `holder`; False if another replica took it first."""
     try:
