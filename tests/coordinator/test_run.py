@@ -227,8 +227,8 @@ def test_the_chief_log_drops_routine_lines_only():
 
 @pytest.mark.parametrize("experiment, params, positioned", [
     ("ctr", inprocess.SMALL_CTR, True),
-    # Endless input, lookup tables in its dataset_fn: the closures are traced at
-    # the first loop; the connection, the experiment and the iterators ahead.
+    # Endless input, lookup tables in its dataset_fn: its closure (one for every
+    # size) traced ahead for the per-worker iterators.
     ("user_experiments:tutorial", {"embedding_dim": "64"}, False),
 ])
 def test_a_coordinator_prepared_ahead_restores_the_checkpoint_saved_after_it(
@@ -241,19 +241,22 @@ def test_a_coordinator_prepared_ahead_restores_the_checkpoint_saved_after_it(
                                              mode="train", experiment=experiment,
                                              experiment_params=params)
   coordinator_run.run_coordinator(config(100))
-  prepared = coordinator_run.prepare_ahead(config(300), interrupts_lib.Interrupts(),
+  prepared = coordinator_run.prepare_ahead(config(400), interrupts_lib.Interrupts(),
                                            warm_timeout=60)
-  assert prepared.workers_warm == (inprocess.NUM_WORKERS if positioned else 0)
+  assert prepared.workers_warm == inprocess.NUM_WORKERS
+  traced = prepared.built.trainer.closures_traced
   assert int(prepared.built.experiment.global_step.numpy()) == 0  # Its own, untouched.
   assert prepared.stale() is None
-  assert coordinator_run.run_coordinator(config(200)).global_step == 200  # Saved after it.
+  assert coordinator_run.run_coordinator(config(300)).global_step == 300  # Saved after it.
   records = len(progress_log.ProgressLog(str(tmp_path)).read_new())
 
   result = coordinator_run.run_prepared(prepared, interrupts_lib.Interrupts(),
                                         lease_generation=0)
-  assert (result.start_step, result.global_step) == (200, 300)
+  assert (result.start_step, result.global_step) == (300, 400)
   history = progress_log.ProgressLog(str(tmp_path)).read_new()
-  assert history[records].restored and history[records].step == 200
+  assert history[records].restored and history[records].step == 300
+  if not positioned:  # Its loops ran the closure traced ahead.
+    assert prepared.built.trainer.closures_traced == traced > 0
   if positioned:
     assert result.input["shards"] == prepared.input_shards
     accounted = coverage.account(history)

@@ -274,6 +274,23 @@ def coordinator_workers(coordinator: tf.distribute.experimental.coordinator.Clus
   return list(coordinator._cluster.workers)  # pylint: disable=protected-access
 
 
+def worker_args(args: tuple[Any, ...], worker_index: int) -> tuple[Any, ...]:
+  """`args` as a closure on worker `worker_index` is called with them: its own of each
+  per-worker value (an iterator), resolved. Call on that worker's thread, after its
+  per-worker values were made there (they are made in order, before its next closure)."""
+  from tensorflow.python.distribute.coordinator import coordinator_context  # pylint: disable=import-outside-toplevel
+  return tf.nest.map_structure(coordinator_context.maybe_get_remote_value,
+                               cluster_coordinator._select_worker_slice(worker_index, args))  # pylint: disable=protected-access
+
+
+def scheduled_specs(args: tuple[Any, ...]) -> tuple[Any, ...]:
+  """What `ClusterCoordinator.schedule` traces a function for, given `args`: a
+  per-worker value's type spec in its place (tracing with these ahead, the
+  schedule finds the trace made)."""
+  return tf.nest.map_structure(cluster_coordinator._maybe_as_type_spec,  # pylint: disable=protected-access
+                               cluster_coordinator._select_worker_slice(0, args))  # pylint: disable=protected-access
+
+
 def put_back_failed_closures_first(coordinator) -> None:
   """Has `coordinator` run a closure a lost worker failed before the ones queued.
 

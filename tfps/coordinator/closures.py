@@ -51,6 +51,7 @@ from absl import logging
 import tensorflow as tf
 
 from tfps.recovery import closure_plan
+from tfps.base import tf_internals
 from tfps.coordinator import closure_fence
 from tfps.coordinator import step_logs
 from tfps.fast_restart import trace_cache as trace_cache_lib
@@ -228,6 +229,18 @@ class TrainClosures:
     if not written_out:
       return [(self.concrete(Kind.FAST), _skip())]
     return [(self.concrete(Kind.FULL), _skip()), self.other_warm_call()]
+
+  def traced(self) -> int:
+    """Traces made of the closures' functions so far (stored ones rebuilt are not)."""
+    return sum(f.experimental_get_tracing_count() for f in self._functions.values())
+
+  def any_size_warm_call(self, source: tuple[Any, ...]) -> warm_up.Call:
+    """The closure `schedule` runs while no full size is chosen (endless input's, of
+    every size), traced now for `source` as `schedule` passes it (the per-worker
+    iterators), called to run no step."""
+    function, one = self._functions[Kind.OTHER], tf.constant(1, tf.int32)
+    function.get_concrete_function(*tf_internals.scheduled_specs((self._train, one, *source)))
+    return (function, (tf.constant(False), one, *source))
 
   def other_warm_call(self) -> warm_up.Call:
     """The closure for other sizes (a shard's tail), called to run no step; traces it."""

@@ -153,6 +153,13 @@ def _looped_seconds(config: CoordinatorConfig) -> tuple[float, float]:
                             train_steps=config.train_steps)
 
 
+def _learn_step_seconds(trainer: "trainer_lib.PSTrainer", config: CoordinatorConfig,
+                        runtime) -> None:
+  """Gives `trainer` the run's recent step time if it knows none yet."""
+  if trainer.step_seconds is None:
+    trainer.step_seconds = _recent_step_seconds(config, runtime)
+
+
 def _recent_step_seconds(config: CoordinatorConfig, runtime) -> float | None:
   """A worker's seconds per step in the run's latest loops, for this one's first closures."""
   records = progress_log.ProgressLog(config.model_dir).read_new()
@@ -437,6 +444,9 @@ def run_prepared(prepared: Prepared, interrupts: interrupts_lib.Interrupts, *,
                  lease_generation: int) -> CoordinatorResult:
   """Runs a prepared coordinator under `lease_generation`: restore, then train."""
   config = dataclasses.replace(prepared.config, lease_generation=lease_generation)
+  if isinstance(prepared.built.trainer, trainer_lib.PSTrainer):
+    # Prepared before the run timed a loop: its first loop need not measure a step.
+    _learn_step_seconds(prepared.built.trainer, config, prepared.runtime)
   with _control_channel(config.cluster, interrupts):
     with _ps_deadline(config, prepared.runtime, prepared.sentinels):
       return _run_connected(config, interrupts, prepared.factory, prepared.runtime,

@@ -290,6 +290,11 @@ class PSTrainer(orbit.StandardTrainer):
     return self._trainer
 
   @property
+  def closures_traced(self) -> int:
+    """How many times this trainer's train closures were traced (Python run) so far."""
+    return 0 if self._closures is None else self._closures.traced()
+
+  @property
   def positioned(self) -> bool:
     """True when the input's position is the coordinator's (a finite dataset)."""
     return self._positioned is not None
@@ -321,22 +326,21 @@ class PSTrainer(orbit.StandardTrainer):
     coordinator, `coordinator.run.prepare_ahead`): the train closures, and every
     worker has instantiated them. Nothing runs: no input is read, no variable
     changes (`warm_up.train_or_skip`). Endless input has its per-worker
-    iterators made (each reads from its part's start whenever made).
+    iterators made (each reads from its part's start whenever made) and its
+    closure (one for every size) traced for them.
 
-    Returns the workers that instantiated the closures within `timeout`
-    seconds (0 for endless input: its closures are traced at the first loop,
-    which measures a step first).
+    Returns the workers that instantiated the closures within `timeout` seconds.
     """
     if self._train_loop_fn is None:
       self._train_loop_fn = self.create_train_loop_fn()
-    if self._positioned is None:
-      if self._train_iter is None:
-        self._train_iter = tf.nest.map_structure(iter, self.train_dataset)
-      return 0
-    # Each worker instantiates the loop's closures and the one for other sizes
-    # (a shard's tail, maybe in the first loop): done once it has both.
+    endless = self._positioned is None
+    if endless and self._train_iter is None:
+      self._train_iter = tf.nest.map_structure(iter, self.train_dataset)
+    # Each worker instantiates the loop's closures and (positioned input) the one
+    # for other sizes (a shard's tail, maybe in the first loop): done once it has all.
+    wanted = 1 if endless else 2
     calls, lock, all_done = collections.Counter(), threading.Lock(), threading.Event()
-    warm = lambda: sum(1 for n in calls.values() if n >= 2)  # Workers with both.
+    warm = lambda: sum(1 for n in calls.values() if n >= wanted)
 
     def done(index: int) -> None:
       with lock:
@@ -344,15 +348,22 @@ class PSTrainer(orbit.StandardTrainer):
         if warm() == self._runtime.num_workers:
           all_done.set()
 
+    workers = range(self._runtime.num_workers)
     with self._runtime.strategy.scope():
-      self._choose_full_size(None, _Loop(start_step=None, steps=0))
-      if self._warm is None:
-        return 0
-      with _step_log_errors():
-        self._warm.before_loop(written_out=self.full_closure_ready.is_set(), done=done)
-        self._warmed_ahead = warm_up.warm_once(
-            self._runtime.coordinator, [self._closures.other_warm_call()],
-            range(self._runtime.num_workers), done, "closures of other sizes")
+      if endless:  # Its size is chosen at the first loop (maybe measuring a step).
+        with _step_log_errors():
+          self._warmed_ahead = warm_up.warm_once(
+              self._runtime.coordinator, [self._closures.any_size_warm_call((self._train_iter,))],
+              workers, done, "train closures")
+      else:
+        self._choose_full_size(None, _Loop(start_step=None, steps=0))
+        if self._warm is None:
+          return 0
+        with _step_log_errors():
+          self._warm.before_loop(written_out=self.full_closure_ready.is_set(), done=done)
+          self._warmed_ahead = warm_up.warm_once(
+              self._runtime.coordinator, [self._closures.other_warm_call()], workers, done,
+              "closures of other sizes")
     if not all_done.wait(timeout):
       logging.warning("built ahead: %d of %d workers instantiated the train closures within "
                       "%.0fs; the others will when they first run one",

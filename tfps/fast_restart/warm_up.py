@@ -80,6 +80,7 @@ def warm_once(coordinator, calls: Sequence[Call], indices: Sequence[int],
   """Has each worker of `indices` run `calls` on its own thread before its next closure,
   once: not again when TF takes it back (the first try counts, done or not).
   `done(index)` after a worker ran them. Returns the values to keep (`warm_workers`).
+  A per-worker value among a call's arguments (an iterator) is each worker's own.
 
   For calls that are only worth having: an error in one is logged in a line and
   goes no further (a worker that failed meanwhile fails its next closure instead).
@@ -96,7 +97,7 @@ def warm_once(coordinator, calls: Sequence[Call], indices: Sequence[int],
       task, start = task_names.task_or_device(worker.device_name), time.perf_counter()
       try:
         for function, args in calls:
-          function(*args)
+          function(*tf_internals.worker_args(args, worker.worker_index))
       except Exception as e:  # pylint: disable=broad-except  (nothing depends on it)
         logging.warning("%s: %s not instantiated (%s: %s)", task, what, type(e).__name__,
                         messages.one_line(e))
