@@ -153,6 +153,7 @@ class ChiefReplica:
   def _wait_for_lease(self, stand_by: Callable[[], None]
                       ) -> int | supervisor_lib.SupervisorResult:
     watch, announced, watched = chief_lease.BeatWatch(), None, _Watched()
+    blind = None  # The generation a take was held back from (no ps in sight), said once.
     while not self._stop.requested:
       # Gone before the files are read: a holder that wrote its end and then
       # exited is seen ending, not gone.
@@ -168,6 +169,10 @@ class ChiefReplica:
         verdict = chief_lease.Verdict.WAIT
       if verdict == chief_lease.Verdict.TAKE and not self._sees_cluster():
         verdict = chief_lease.Verdict.WAIT  # Cut off too: taking it would help nobody.
+        if blind != view.generation:
+          blind = view.generation
+          logging.warning("not taking the chief lease from %s yet: no ps answered this "
+                          "replica lately", view.holder)
       if verdict == chief_lease.Verdict.TAKE:
         if self._store.take(view.generation + 1, self._me):
           watched.stop()
