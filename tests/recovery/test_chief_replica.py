@@ -150,6 +150,30 @@ def test_an_earlier_run_s_end_does_not_end_a_resumed_run(tmp_path):
   assert events.EventLog(str(tmp_path)).read() == []  # A start, not a takeover.
 
 
+def test_a_replica_restarted_while_the_other_held_hears_that_holder_s_end_as_this_run_s(
+    tmp_path):
+  # Restarted (its host came back) while chief:0 held generation 3: chief:0's end
+  # written later is this run's, not an earlier run's.
+  store = chief_lease.LeaseStore(str(tmp_path))
+  store.take(3, "chief:0 (holds)")
+  standby = replica(tmp_path, 1)
+  store.end(3, errors.ExitCode.PREEMPTED)  # SIGTERM: it saved and let go.
+  held = []
+  result = standby.run(lambda generation, superseded: held.append(generation) or
+                       Result(errors.ExitCode.OK, 0, "finished"), stand_by=lambda: None)
+  # Taken at once, as a takeover (not a new run waiting 10 leases for chief:0).
+  assert held == [4] and result.exit_code == errors.ExitCode.OK
+  log = events.EventLog(str(tmp_path)).read()
+  assert [e.action for e in log] == [None, "standby_chief_takes_over"]
+  # chief:0, back while generation 5 is held, hears the run finish there and leaves.
+  back = replica(tmp_path, 0)
+  store.take(5, "chief:1 (holds)")
+  store.end(5, errors.ExitCode.OK)
+  ended = back.run(lambda *_: Result(errors.ExitCode.PERMANENT, 0, "must not run"),
+                   stand_by=lambda: None)
+  assert ended.exit_code == errors.ExitCode.OK and back.ended_elsewhere
+
+
 def test_the_cluster_is_in_sight_while_a_ps_answers_and_out_of_it_after(grpc_server):
   import portpicker  # pylint: disable=import-outside-toplevel
   import threading  # pylint: disable=import-outside-toplevel

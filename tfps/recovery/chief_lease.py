@@ -187,6 +187,10 @@ class LeaseStore:
   def end(self, generation: int, code: int) -> None:
     _replace(self._path("end", generation), json.dumps({"code": int(code)}))
 
+  def ended(self, generation: int) -> bool:
+    """Whether the holder of `generation` wrote its end (False for 0: nobody held it)."""
+    return generation > 0 and os.path.exists(self._path("end", generation))
+
   def superseded(self, generation: int) -> bool:
     return os.path.exists(self._path("generation", generation + 1))
 

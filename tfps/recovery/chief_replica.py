@@ -120,8 +120,11 @@ class ChiefReplica:
     self._stop, self._events, self._clock = stop, event_log, clock
     self.generation: int | None = None  # The one this replica holds or held last.
     # An end written before this replica started is an earlier run's (this
-    # model_dir trained before, and is resumed now): not this run's end.
+    # model_dir trained before, and is resumed now): not this run's end. One
+    # written later, even for the generation held when it started (it was
+    # restarted while the other replica held the lease), is this run's.
     self._started_after = store.latest()
+    self._start_ended = store.ended(self._started_after)
     self.ended_elsewhere = False  # The run ended on the other replica.
 
   def run(self, supervise: Callable[[int, Callable[[], bool]], supervisor_lib.SupervisorResult],
@@ -210,8 +213,9 @@ class ChiefReplica:
   def _fresh(self, view: chief_lease.LeaseView) -> bool:
     """Whether taking the lease now starts this run: never taken, or last ended by an
     earlier run in this model_dir (before this replica started)."""
-    return view.generation == 0 or (view.end_code is not None
-                                    and view.generation <= self._started_after)
+    return view.generation == 0 or (view.end_code is not None and (
+        view.generation < self._started_after
+        or view.generation == self._started_after and self._start_ended))
 
   def _took(self, view: chief_lease.LeaseView) -> None:
     generation = view.generation + 1
