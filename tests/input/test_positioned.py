@@ -129,7 +129,9 @@ class _ClosureLog:
     return getattr(self._coordinator, name)
 
 
-def test_a_looped_start_writes_out_after_its_time_and_reads_each_batch_once(runtime):
+def _looped_start(runtime):
+  """(step, counts, closure log, trainer) of a counting run whose looped start is past
+  once its first loop ends."""
   step = tf.Variable(0, dtype=tf.int64)
   counts = tf.Variable(tf.zeros([EXAMPLES], tf.int32))
   trainer = input_experiments.CountingTrainer(
@@ -137,7 +139,12 @@ def test_a_looped_start_writes_out_after_its_time_and_reads_each_batch_once(runt
   closures = _ClosureLog(runtime.coordinator)
   ps_trainer = trainer_lib.PSTrainer(
       trainer, dataclasses.replace(runtime, coordinator=closures),
-      OPTIONS(steps_per_closure=10, looped_seconds=1e-9))  # Past once the first loop ends.
+      OPTIONS(steps_per_closure=10, looped_seconds=1e-9))
+  return step, counts, closures, ps_trainer
+
+
+def test_a_looped_start_writes_out_after_its_time_and_reads_each_batch_once(runtime):
+  step, counts, closures, ps_trainer = _looped_start(runtime)
   ps_trainer.train(tf.constant(20))  # Fast-start closures.
   assert closures.names == ["fast_closure"] * 2 and ps_trainer.full_closure_ready.is_set()
   assert ps_trainer.last_loop.looped  # Its progress record says so (not full speed).
@@ -158,14 +165,7 @@ def test_the_written_out_closures_wait_while_a_worker_does_not_answer(runtime, m
   silent = {"worker:1"}
   monkeypatch.setattr(readiness, "reachable", lambda cluster, tasks, timeout: {
       t for t in reachable(cluster, tasks, timeout) if str(t) not in silent})
-  step = tf.Variable(0, dtype=tf.int64)
-  counts = tf.Variable(tf.zeros([EXAMPLES], tf.int32))
-  trainer = input_experiments.CountingTrainer(
-      counts, step, input_experiments.dataset_fn_for(EXAMPLES, BATCH))
-  closures = _ClosureLog(runtime.coordinator)
-  ps_trainer = trainer_lib.PSTrainer(
-      trainer, dataclasses.replace(runtime, coordinator=closures),
-      OPTIONS(steps_per_closure=10, looped_seconds=1e-9))
+  _, counts, closures, ps_trainer = _looped_start(runtime)
   ps_trainer.train(tf.constant(20))
   ps_trainer.train(tf.constant(20))  # Ready to write out, but worker:1 is silent.
   assert closures.names == ["fast_closure"] * 4 and ps_trainer.full_closure_ready.is_set()
