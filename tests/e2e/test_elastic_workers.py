@@ -7,12 +7,20 @@ cluster spec has room for it, as a job launched with fewer workers than
 `--max_workers` has; resumed, it answers, as a worker that has just started
 does (the chief cannot tell them apart, and the pause spares the test a
 TensorFlow import; `tfps chaos` joins new processes). Every wait is for an
-event (a restore record, a loop, CPU spent by the joined worker).
+event (a restore record, a loop, CPU spent by the joined worker, an evaluation).
+
+The chief also evaluates (a `CountingEvaluator`, which sums the ids it reads)
+every few loops, a part of the eval set only (--eval_steps): on each cluster
+the job has, the same batches, each once.
 """
 
+import glob
+import os
 import signal
 
+import numpy as np
 import pytest
+import tensorflow as tf
 
 from tests.support import chief_run
 from tfps.recovery import coverage
@@ -22,6 +30,34 @@ pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("experiments_importab
 EXAMPLES, BATCH = 20000, 128  # About 160 steps an epoch.
 # A worker that left is left out this long after it went (the supervisor's probes).
 WORKER_TIMEOUT = 6
+EVAL_EXAMPLES, EVAL_STEPS = 2048, 10  # 10 of the 16 batches, over 8 shards (4 per worker).
+EVAL_INTERVAL = 2 * chief_run.STEPS_PER_LOOP
+SUMS = ("seen", "id_sum", "id_square_sum")  # A CountingEvaluator's output.
+
+
+def _evaluations(model_dir: str) -> list[tuple[int, dict[str, float]]]:
+  """(step, output) of every evaluation the chiefs wrote to model_dir/eval so far."""
+  found = []
+  for path in sorted(glob.glob(os.path.join(model_dir, "eval", "events.out.tfevents.*"))):
+    outputs: dict[int, dict[str, float]] = {}
+    try:
+      for record in tf.data.TFRecordDataset(path):
+        event = tf.compat.v1.Event.FromString(record.numpy())
+        for value in event.summary.value:
+          if value.tag in SUMS:  # Orbit adds steps_per_second.
+            outputs.setdefault(event.step, {})[value.tag] = float(tf.make_ndarray(value.tensor))
+    except tf.errors.DataLossError:
+      pass  # A record still being written: read again on the next poll.
+    found += sorted(outputs.items())
+  return found
+
+
+def _partial_eval_sums(shards: int) -> dict[str, float]:
+  """What a CountingEvaluator sums over EVAL_STEPS batches spread over `shards`."""
+  base, extra = divmod(EVAL_STEPS, shards)
+  ids = np.concatenate([np.arange(i, EVAL_EXAMPLES, shards)[:(base + (i < extra)) * BATCH]
+                        for i in range(shards)]).astype(np.float64)
+  return dict(zip(SUMS, (float(ids.size), float(ids.sum()), float((ids * ids).sum()))))
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +73,9 @@ def _restart_with(run: chief_run.ChiefRun, since: int, left_out: tuple[str, ...]
   restored = [r for r in run.restores_after(since) if r.left_out == left_out][-1]
   run.wait_for(lambda: run.step > restored.step and not run.records[-1].restored,
                timeout=120, what=f"training past the restored step {restored.step}")
+  # ... and an evaluation on that cluster.
+  run.wait_for(lambda: any(step > restored.step for step, _ in _evaluations(run.model_dir)),
+               timeout=120, what=f"an evaluation after the restored step {restored.step}")
 
 
 def test_a_worker_joins_a_running_job_and_one_leaves_and_every_example_is_trained_once(
@@ -45,7 +84,8 @@ def test_a_worker_joins_a_running_job_and_one_leaves_and_every_example_is_traine
   joining.pause()  # Not answering when the job starts: room in the spec.
   run = chief_run.ChiefRun(cluster, str(tmp_path / "model"), [
       "--experiment=input_experiments:counting",
-      f"--experiment_params=examples={EXAMPLES},work=256", "--mode=train",
+      f"--experiment_params=examples={EXAMPLES},work=256,eval_examples={EVAL_EXAMPLES}",
+      "--mode=train_and_eval", f"--eval_interval={EVAL_INTERVAL}", f"--eval_steps={EVAL_STEPS}",
       "--train_steps=10000000", f"--global_batch_size={BATCH}",
       f"--steps_per_loop={chief_run.STEPS_PER_LOOP}",
       f"--steps_per_closure={chief_run.STEPS_PER_CLOSURE}",
@@ -54,6 +94,7 @@ def test_a_worker_joins_a_running_job_and_one_leaves_and_every_example_is_traine
   run.start_training()
   # The first coordinator started on the worker that answered, without waiting.
   assert [r.left_out for r in run.restores] == [("worker:1",)], run.last_words()
+  run.wait_for(lambda: _evaluations(run.model_dir), timeout=120, what="a first evaluation")
 
   since = len(run.records)
   joining.resume()  # Joins: the chief takes it in once it answers steadily.
@@ -92,4 +133,11 @@ def test_a_worker_joins_a_running_job_and_one_leaves_and_every_example_is_traine
   # of the completed epochs once: the input position moved with the workers.
   assert accounted.ok and accounted.epochs_completed >= 1, accounted
   assert accounted.trained_twice == 0 and accounted.never_trained == 0, accounted
+  # Every evaluation, on 1 worker of 2 and on 2, read the same batches once each:
+  # 4 shards per worker of the spec, not per worker present.
+  evaluations = _evaluations(run.model_dir)
+  assert len(evaluations) >= 4, evaluations
+  assert _partial_eval_sums(4) != _partial_eval_sums(8)  # The shards decide which batches.
+  for step, output in evaluations:
+    assert output == _partial_eval_sums(8), (step, output)
   chief_run.stop_chief(cluster)

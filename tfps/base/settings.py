@@ -88,7 +88,7 @@ RUN_SETTINGS = (
     Setting("eval_interval", "training", "integer", None,
             'train_and_eval: steps between evaluations (default: once, at the end).'),
     Setting("eval_shards", "training", "integer", None,
-            'Closures per evaluation (default: 4 per worker).'),
+            'Closures per evaluation (default: 4 per worker the cluster spec names).'),
     Setting("global_batch_size", "training", "integer", 512,
             'Examples per training step (each step runs on one worker).'),
     Setting("seed", "training", "integer", 0,

@@ -185,7 +185,8 @@ class CoordinatorConfig(settings.LoopSettings):
     eval_steps: batches per evaluation; None evaluates the whole eval set.
     eval_interval: in train_and_eval, steps between evaluations; None
       evaluates once, at the end.
-    eval_shards: closures per evaluation; None means 4 per worker.
+    eval_shards: closures per evaluation; None means 4 per worker of the
+      spec (the left-out ones too: a resize keeps the shards).
     global_batch_size: examples per training step. A step runs on one worker
       (asynchronous training), so this is also each worker's batch.
     seed: seed of data and initialization.

@@ -194,8 +194,21 @@ def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntim
     trainer = trainer_lib.PSTrainer(trainer, runtime, options, pause=pause,
                                     global_step=experiment.global_step)
   if isinstance(evaluator, orbit.StandardEvaluator):
-    evaluator = evaluator_lib.PSEvaluator(evaluator, runtime, num_shards=config.eval_shards)
+    evaluator = evaluator_lib.PSEvaluator(evaluator, runtime,
+                                          num_shards=_eval_shards(config, runtime))
   return trainer, evaluator
+
+
+def _eval_shards(config: CoordinatorConfig, runtime: strategy_lib.PSRuntime) -> int:
+  """--eval_shards, else 4 for every worker of the job's spec, those left out too.
+
+  Not per worker present: a resize would then change the shards, and with them
+  which batches a partial evaluation (--eval_steps) reads, so the same model
+  would score differently on 2 workers and on 3.
+  """
+  left_out = sum(task.startswith(f"{spec_lib.JobType.WORKER.value}:")
+                 for task in config.tasks_left_out)
+  return config.eval_shards or 4 * (runtime.num_workers + left_out)
 
 
 def _loop_ends(config: CoordinatorConfig) -> loop_ends.LoopEnds:

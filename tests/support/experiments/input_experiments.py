@@ -6,14 +6,16 @@ directory on PYTHONPATH), or called in-process. `counting` trains on the ids
 `dataset_fn(input_context)` form (one epoch, no repeat) and adds 1 to a
 checkpointed `counts[id]` for every id of every batch: after a run, the
 final checkpoint says how often each example was trained on. Settings
-(`--experiment_params`): `examples` (default 4000), `step_sleep_ms`
-(default 0: every batch takes this long to read), `work` (default 0: a
+(`--experiment_params`): `examples` (default 4000), `wait_ms` (default
+0: each step also waits this long on its worker, without CPU), `work` (default 0: a
 [batch, work] x [work, batch] matmul per step on the worker, so that a
-working worker uses CPU as a real one does).
+working worker uses CPU as a real one does), `eval_examples` (default 0: no
+evaluator; else a `CountingEvaluator` over as many ids).
 """
 
 import orbit
 import tensorflow as tf
+import tf_keras
 # TensorFlow's own test transformation (no public alias in 2.20).
 from tensorflow.python.data.experimental.ops import testing as tf_data_testing
 
@@ -45,6 +47,34 @@ class CountingTrainer(orbit.StandardTrainer):
     return logs
 
 
+class CountingEvaluator(orbit.StandardEvaluator):
+  """Sums the ids it evaluates: how many, their sum and the sum of their squares.
+
+  Nothing here reads the model, so every evaluation of the same batches gives
+  the same three sums, on any number of workers; the whole set `0 .. n-1` once
+  gives n, n(n-1)/2 and (n-1)n(2n-1)/6 (`id_sums`).
+  """
+
+  def __init__(self, dataset):
+    self.sums = [tf_keras.metrics.Sum(name, dtype=tf.float64)
+                 for name in ("seen", "id_sum", "id_square_sum")]
+    super().__init__(dataset)
+
+  def eval_step(self, iterator):
+    ids = tf.cast(next(iterator), tf.float64)
+    for metric, value in zip(self.sums, (tf.ones_like(ids), ids, ids * ids)):
+      metric.update_state(tf.reduce_sum(value))
+
+  def eval_end(self):
+    return {metric.name: metric.result() for metric in self.sums}
+
+
+def id_sums(examples: int) -> dict[str, float]:
+  """What `CountingEvaluator` reports for every id of `0 .. examples-1` once."""
+  n = examples
+  return {"seen": n, "id_sum": n * (n - 1) / 2, "id_square_sum": (n - 1) * n * (2 * n - 1) / 6}
+
+
 def dataset_fn_for(examples: int, batch_size: int):
   """One epoch of ids, shard i of n strided so that building any shard is cheap."""
 
@@ -66,7 +96,11 @@ def counting(context):
   trainer = CountingTrainer(counts, step, dataset_fn_for(examples, context.global_batch_size),
                             work=int(context.params.get("work", 0)),
                             wait_ms=int(context.params.get("wait_ms", 0)))
-  return Experiment(trainer=trainer, evaluator=None, checkpoint_items={"counts": counts},
+  # `eval_examples`: a CountingEvaluator over the ids 0 .. eval_examples-1.
+  eval_examples = int(context.params.get("eval_examples", 0))
+  evaluator = (CountingEvaluator(dataset_fn_for(eval_examples, context.global_batch_size))
+               if eval_examples else None)
+  return Experiment(trainer=trainer, evaluator=evaluator, checkpoint_items={"counts": counts},
                     global_step=step)
 
 
