@@ -201,9 +201,22 @@ class TrainClosures:
     return self._concrete[kind]
 
   def write_out_stored(self) -> bool:
-    """Whether an earlier coordinator's traces make the write-out cheap (rebuilds
-    them if so; traces nothing)."""
-    return self.has_fast_start and self._load(Kind.FULL) and self._load(Kind.OTHER)
+    """Whether an earlier coordinator's traces make the write-out cheap: a look at
+    the stored entries, which rebuilds and traces nothing (a rebuild of the
+    written-out closure is a fraction of a second a restart would wait for, before
+    loops that use the fast-start one)."""
+    return self.has_fast_start and self._fits(Kind.FULL) and self._fits(Kind.OTHER)
+
+  def _fits(self, kind: ClosureKind) -> bool:
+    """Whether `kind` is rebuilt from the cache, or will be (its stored trace fits)."""
+    if kind in self._stored:
+      return True
+    if kind in self._missing or self._cache is None:
+      return False
+    if self._cache.fits(kind, self._variables_root):
+      return True
+    self._missing.add(kind)  # Said once why (`fits`); traced when first asked for.
+    return False
 
   def _scheduled(self, kind: ClosureKind):
     # Without a cache, the tf.function: schedule() traces it for its arguments

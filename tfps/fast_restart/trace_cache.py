@@ -257,6 +257,16 @@ class TraceCache:
       logging.info("trace cache: %s traced again: %s", name, "; ".join(reasons))
     return None
 
+  def fits(self, name: str, root) -> bool:
+    """Whether `load(name, ..., root)` would find a stored trace that fits `root`'s
+    variables, from the entries alone: nothing rebuilt (the reason is logged if not)."""
+    reasons = []
+    if next(iter(self._fitting(name, root, None, reasons)), None) is not None:
+      return True
+    if reasons:
+      logging.info("trace cache: %s traced again: %s", name, "; ".join(reasons))
+    return False
+
   def stored(self, name: str) -> bool:
     """Whether a trace of `name` is stored for this key, on this number of ps or
     another (`load` would try it), without reading what it captured."""
