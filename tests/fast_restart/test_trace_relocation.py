@@ -188,19 +188,28 @@ def _on_a_cluster_of_two_ps(work_dir: str) -> dict:
       graphs.start("fast")  # A young run's loops: the fast-start closure,
       graphs.start("full")  # then the written-out one.
 
+    # The failover coordinator's cache and variables: what it would ask of the record.
+    one = Trainer(PS0, PS0)
+    one_root = tf.train.Checkpoint(trainer=one)
+    one_cache = trace_cache.TraceCache(work_dir, {"experiment": "relocation", "num_ps": 1}
+                                       ).in_cluster(view.as_dict())
+    holds = lambda: [failover_graphs.held(one_cache, kind, one_root, view)
+                     for kind in ("fast", "full")]
+    held_before = holds()
     build_ahead()
+    held_after = holds()
     record = os.path.join(work_dir, failover_graphs.RECORD)
     with open(record, encoding="utf-8") as f:
       held = json.load(f)
     build_ahead()  # A later coordinator of the same chief: the worker holds it.
     worker_functions._REBUILT.clear()  # pylint: disable=protected-access
-    one = Trainer(PS0, PS0)
     after = closures_lib.TrainClosures(
         one.train_step, make_iterator, full_size=4, unroll=4, what="Trainer", fast_unroll=2,
-        cache=trace_cache.TraceCache(work_dir, {"experiment": "relocation", "num_ps": 1}
-                                     ).in_cluster(view.as_dict()),
-        variables_root=tf.train.Checkpoint(trainer=one))
-    return {"called": called,
+        cache=one_cache, variables_root=one_root)
+    return {"held_before": held_before, "held_after": held_after,
+            "stored_here": [one_cache.stored_on_this_layout("full", one_root),
+                            closures.cache.stored_on_this_layout("full", root)],
+            "called": called,
             "failover": [after.concrete(kind).name.decode()
                          for kind in ("fast", "other", "full")],
             "held": held, "steps": int(trainer.steps.numpy()), "row": trainer.row.numpy().tolist()}
@@ -258,6 +267,11 @@ def test_a_failover_coordinator_runs_the_closures_traced_on_both_ps_moved_to_one
   assert [list(map(key, names)) for names in ahead["called"]] == [[fast, other], [full]], ahead
   assert list(ahead["held"].values()) == [[seen["worker"]]] * 2
   assert ahead["steps"] == 0 and ahead["row"] == [0.0, 0.0, 0.0]
+  # What a failover coordinator asks before it writes out (`PSTrainer._write_out_cold`):
+  # its written-out trace was stored on 2 ps only, and its workers hold the graphs
+  # once built ahead, not before.
+  assert ahead["stored_here"] == [False, True]
+  assert ahead["held_before"] == [False, False] and ahead["held_after"] == [True, True]
 
 if __name__ == "__main__":
   print(json.dumps(_on_a_cluster_of_two_ps(sys.argv[1])))

@@ -159,17 +159,33 @@ def test_a_kept_write_out_waits_for_the_speed_when_the_training_left_is_not_know
 
 def test_with_stored_traces_the_first_coordinator_and_any_stored_write_out_are_kept():
   steps = 10**6
-  traced, stored = closure_plan.plans([], [], trace_cache=True, train_steps=steps)
+  traced, stored, _ = closure_plan.plans([], [], trace_cache=True, train_steps=steps)
   assert traced == stored == closure_plan.MEASURING_SECONDS
   # Later: short lives, hours left. A stored write-out is kept: at once. One
   # traced here was not stored when it should have been: plan by lives.
   history = _loops(0, 20) + _loops(30, 20)
-  traced, stored = closure_plan.plans(history, [], trace_cache=True, train_steps=steps)
+  traced, stored, cold = closure_plan.plans(history, [], trace_cache=True, train_steps=steps)
   assert stored == 0.0
   assert traced == closure_plan.MEASURED.break_even_seconds
+  # Stored but new to the workers (a failover coordinator's): the first loop
+  # trains looped, not waiting for every worker's optimization of it.
+  assert cold == closure_plan.MEASURING_SECONDS
   # Without stored traces every write-out dies with its coordinator.
   assert closure_plan.plans([], [], trace_cache=False, train_steps=steps) == (
-      closure_plan.MEASURED.break_even_seconds, closure_plan.STORED.break_even_seconds)
+      closure_plan.MEASURED.break_even_seconds, closure_plan.STORED.break_even_seconds,
+      closure_plan.COLD.break_even_seconds)
+
+
+def test_a_cold_write_out_in_a_short_run_stays_looped():
+  # A failover coordinator with less training left than its workers' optimization
+  # of the written-out closure would repay: looped until the end.
+  costs = closure_plan.COLD
+  assert closure_plan.STORED.write_out_seconds < costs.write_out_seconds
+  history = _loops(0, 20)  # 100 steps/s.
+  left = int(0.5 * costs.break_even_seconds * 100)
+  _, _, cold = closure_plan.plans(history, [], trace_cache=True,
+                                  train_steps=history[-1].step + left)
+  assert cold == costs.break_even_seconds
 
 
 @pytest.mark.parametrize("step_seconds, max_seconds, most, steps", [

@@ -141,11 +141,12 @@ class _Controller(orbit.Controller):
     return self.restored
 
 
-def _looped_seconds(config: CoordinatorConfig) -> tuple[float, float]:
-  """How long this coordinator trains looped before writing out (`closure_plan`):
-  with the write-out traced, and with it stored by an earlier coordinator."""
+def _looped_seconds(config: CoordinatorConfig) -> closure_plan.Plans:
+  """How long this coordinator trains looped before writing out (`closure_plan`), by
+  what its write-out costs: traced here, stored by an earlier coordinator, or stored
+  but cold on the workers."""
   if not config.fast_start:
-    return 0.0, 0.0
+    return closure_plan.Plans(0.0, 0.0, 0.0)
   records = progress_log.ProgressLog(config.model_dir).read_new()  # This run's, so far.
   events = events_lib.EventLog(config.model_dir).read()
   return closure_plan.plans(records, events, trace_cache=config.trace_cache,
@@ -183,12 +184,13 @@ def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntim
   trainer = experiment.trainer if config.mode != Mode.EVAL else None
   evaluator = experiment.evaluator if config.mode != Mode.TRAIN else None
   if isinstance(trainer, orbit.StandardTrainer) and not isinstance(trainer, trainer_lib.PSTrainer):
-    looped, looped_if_stored = _looped_seconds(config)
+    looped = _looped_seconds(config)
     options = trainer_lib.LoopOptions(
         steps_per_closure=config.steps_per_closure,
         max_closure_seconds=config.max_closure_seconds,
         step_seconds=_recent_step_seconds(config, runtime), input_shards=config.input_shards,
-        loop_slack=ends.slack, looped_seconds=looped, looped_seconds_stored=looped_if_stored,
+        loop_slack=ends.slack, looped_seconds=looped.traced, looped_seconds_stored=looped.stored,
+        looped_seconds_cold=looped.cold,
         trace_cache=_trace_cache(config), failover_graphs=config.failover_graphs,
         rerun_slow_closures=config.rerun_slow_closures)
     trainer = trainer_lib.PSTrainer(trainer, runtime, options, pause=pause,

@@ -169,6 +169,9 @@ class LoopOptions:
       (`recovery.closure_plan`; 0: written out from the first loop).
     looped_seconds_stored: replaces `looped_seconds` when the written-out
       closures are found in `trace_cache` (a write-out that traces nothing).
+    looped_seconds_cold: replaces it when they are found there but the workers
+      have not optimized them for this cluster (a failover coordinator's,
+      not built ahead: `_write_out_cold`).
     trace_cache: with positioned input, where the closures' traces are stored
       for later coordinators and found from earlier ones
       (`fast_restart.trace_cache`).
@@ -188,6 +191,7 @@ class LoopOptions:
   loop_slack: int = 0
   looped_seconds: float = 0.0
   looped_seconds_stored: float | None = None
+  looped_seconds_cold: float | None = None
   trace_cache: trace_cache_lib.TraceCache | None = None
   failover_graphs: bool = False
   rerun_slow_closures: bool = False
@@ -242,6 +246,7 @@ class PSTrainer(orbit.StandardTrainer):
     self._looped_seconds = options.looped_seconds
     self._trace_cache = options.trace_cache
     self._looped_seconds_stored = options.looped_seconds_stored
+    self._looped_seconds_cold = options.looped_seconds_cold
     self._failover_graphs = options.failover_graphs
     self._rerun_slow_closures = options.rerun_slow_closures
     self._fence: closure_fence.ClosureFence | None = None  # Positioned, rerunning closures.
@@ -460,10 +465,28 @@ class PSTrainer(orbit.StandardTrainer):
     looped_seconds, costs = self._looped_seconds, closure_plan.MEASURED
     if self._looped_seconds_stored is not None and closures.write_out_stored():
       looped_seconds, costs = self._looped_seconds_stored, closure_plan.STORED
+      if self._looped_seconds_cold is not None and self._write_out_cold(cache, variables_root):
+        looped_seconds, costs = self._looped_seconds_cold, closure_plan.COLD
     self._warm = closures_lib.WarmClosures(
         closures, self._runtime.strategy, self._runtime.coordinator,
         ready=self.full_closure_ready,
         looped_seconds=looped_seconds if closures.has_fast_start else 0.0, costs=costs)
+
+  def _write_out_cold(self, cache: trace_cache_lib.TraceCache, variables_root) -> bool:
+    """Whether the stored written-out closure is a graph this cluster's workers have
+    not optimized: stored on another number of ps only (this is a failover
+    coordinator), and not built ahead on every worker (`failover_graphs`).
+
+    Its first loop would wait seconds for each worker's optimization, where a
+    fast-start one whose graph the workers hold trains at once."""
+    if cache.stored_on_this_layout(closures_lib.Kind.FULL, variables_root):
+      return False
+    held = failover_graphs_lib.held(cache, closures_lib.Kind.FULL, variables_root,
+                                    self._runtime.cluster)
+    if not held:
+      logging.info("the stored written-out closure is new to the workers of this cluster "
+                   "(not built ahead): the first loops run the fast-start one")
+    return not held
 
   def _stored_full_size(self, chosen: int) -> int:
     """`chosen`, or a larger size a coordinator stored the trace of, if it fits

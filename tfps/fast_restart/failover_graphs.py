@@ -98,6 +98,21 @@ def to_ask(held: Mapping[str, Any], key: str, workers: Mapping[int, str]) -> dic
   return {index: address for index, address in workers.items() if address not in have}
 
 
+def held(cache: trace_cache_lib.TraceCache, kind: str, root: Any,
+         cluster: spec_lib.ClusterSpec) -> bool:
+  """Whether every worker of `cluster` holds `kind`'s graph for it, built ahead by a
+  coordinator before the ps failover that left `cluster` (as recorded, `RECORD`).
+
+  `cache` is a coordinator's of `cluster`, `root` tracks its variables: the
+  closure it would rebuild is named as the one built ahead was."""
+  graph = cache.rebuilt_tag(str(kind), trace_cache_lib.tracked_variables(root))
+  if graph is None:
+    return False
+  workers = dict(enumerate(cluster.addresses(spec_lib.JobType.WORKER)))
+  return not to_ask(Record(os.path.join(cache.directory, RECORD)).read(),
+                    f"{graph}@{workers_epoch()}", workers)
+
+
 class Record:
   """Which workers hold which graph, in a JSON file: {key: [address]}."""
 

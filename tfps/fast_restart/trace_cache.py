@@ -267,6 +267,12 @@ class TraceCache:
       logging.info("trace cache: %s traced again: %s", name, "; ".join(reasons))
     return False
 
+  def stored_on_this_layout(self, name: str, root) -> bool:
+    """Whether a trace of `name` stored on this very number of ps fits `root`'s
+    variables: run as traced, not moved from another layout (a failover's)."""
+    return any(entry["key"].get(LAYOUT) == self.key.get(LAYOUT)
+               for entry, _, _ in self._fitting(name, root, None, []))
+
   def stored(self, name: str) -> bool:
     """Whether a trace of `name` is stored for this key, on this number of ps or
     another (`load` would try it), without reading what it captured."""

@@ -61,7 +61,7 @@ event log (`recovery.events`); the costs are measured ones (docs/recovery.md "Fa
 
 import dataclasses
 import statistics
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 from tfps.recovery import events as events_lib
 from tfps.recovery import progress_log
@@ -101,6 +101,12 @@ MEASURED = SwitchCosts(write_out_seconds=15.0)
 # for the stored fast start; docs/recovery.md "Stored traces"), less where
 # the workers read their optimized graphs back.
 STORED = SwitchCosts(write_out_seconds=4.9)
+# A stored write-out the workers have not optimized for this cluster: a
+# failover coordinator's, whose workers did not build it ahead
+# (`fast_restart.failover_graphs`). Each worker optimizes it afresh: 6.0-6.2 s
+# in the first loop of such a coordinator (docs/recovery.md "Faults in a
+# run's first minute").
+COLD = SwitchCosts(write_out_seconds=7.0)
 # The recent coordinators whose lives predict the next one's.
 RECENT = 5
 # The latest loops whose median speed says how long the training left takes.
@@ -229,10 +235,17 @@ def plan(records: Sequence[progress_log.Progress], events: Iterable[events_lib.E
                         remaining=remaining)
 
 
+class Plans(NamedTuple):
+  """Seconds a coordinator starting now trains looped, by what its write-out costs."""
+  traced: float  # Traced here.
+  stored: float  # Stored by an earlier coordinator, its graph on the workers.
+  cold: float  # Stored, but a graph the workers optimize afresh (`COLD`).
+
+
 def plans(records: Sequence[progress_log.Progress], events: Sequence[events_lib.Event], *,
           trace_cache: bool, replaced_soon: bool = False,
-          train_steps: int | None = None) -> tuple[float, float]:
-  """`plan` for a coordinator starting now: (traced here, stored by an earlier coordinator).
+          train_steps: int | None = None) -> Plans:
+  """`plan` for a coordinator starting now, for each cost of its write-out.
 
   With `trace_cache` a stored write-out outlasts the coordinator. So does
   one traced by the run's first coordinator, which stores it. A later
@@ -241,10 +254,13 @@ def plans(records: Sequence[progress_log.Progress], events: Sequence[events_lib.
   plans by lives.
   """
   first = not any(record.restored for record in records)
-  return (plan(records, events, MEASURED, replaced_soon=replaced_soon,
-               train_steps=train_steps, kept=trace_cache and first),
-          plan(records, events, STORED, replaced_soon=replaced_soon,
-               train_steps=train_steps, kept=trace_cache))
+  stored = [plan(records, events, costs, replaced_soon=replaced_soon,
+                 train_steps=train_steps, kept=trace_cache) for costs in (STORED, COLD)]
+  # A cold write-out's first loop would wait for every worker's optimization;
+  # a looped one trains at once. The write-out costs the same a loop later.
+  return Plans(traced=plan(records, events, MEASURED, replaced_soon=replaced_soon,
+                           train_steps=train_steps, kept=trace_cache and first),
+               stored=stored[0], cold=max(stored[1], MEASURING_SECONDS))
 
 
 # -- how many steps a closure holds ---------------------------------------------------------
