@@ -253,8 +253,7 @@ class TraceCache:
         logging.info("trace cache: %s closure taken from the trace stored on %s ps, %d ops "
                      "moved to where their variables are now", name, stored_on, moved)
       return function
-    if reasons:
-      logging.info("trace cache: %s traced again: %s", name, "; ".join(reasons))
+    _say_traced_again(name, reasons)
     return None
 
   def fits(self, name: str, root) -> bool:
@@ -263,8 +262,7 @@ class TraceCache:
     reasons = []
     if next(iter(self._fitting(name, root, None, reasons)), None) is not None:
       return True
-    if reasons:
-      logging.info("trace cache: %s traced again: %s", name, "; ".join(reasons))
+    _say_traced_again(name, reasons)
     return False
 
   def stored_on_this_layout(self, name: str, root) -> bool:
@@ -361,6 +359,11 @@ class TraceCache:
     return (entry.get("format") == FORMAT and isinstance(theirs, dict)
             and {k: v for k, v in theirs.items() if k != LAYOUT}
             == {k: v for k, v in ours.items() if k != LAYOUT})
+
+
+def _say_traced_again(name: str, reasons: Sequence[str]) -> None:
+  if reasons:
+    logging.info("trace cache: %s traced again: %s", name, "; ".join(reasons))
 
 
 def _read_entry(path: str) -> dict[str, Any]:
