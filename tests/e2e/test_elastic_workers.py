@@ -8,6 +8,7 @@ cluster spec has room for it, as a job launched with fewer workers than
 does (the chief cannot tell them apart, and the pause spares the test a
 TensorFlow import; `tfps chaos` joins new processes). Every wait is for an
 event (a restore record, a loop, CPU spent by the joined worker, an evaluation).
+Between the join and the leave the chief is SIGKILLed and started again.
 
 The chief also evaluates (a `CountingEvaluator`, which sums the ids it reads)
 every few loops, a part of the eval set only (--eval_steps): on each cluster
@@ -108,6 +109,14 @@ def test_a_worker_joins_a_running_job_and_one_leaves_and_every_example_is_traine
   assert any(dict(r.closures).get("worker:0") for r in run.records[:since])
   changes = [(e.task, e.task_change) for e in run.events() if e.task_change]
   assert changes == [("worker:1", "back")], changes
+
+  # The chief killed with the joined worker in, and started again (as an
+  # orchestrator would): its first coordinator takes every worker that answers.
+  since = len(run.records)
+  run.chief.kill(signal.SIGKILL)
+  assert run.chief.wait(timeout=10) == -signal.SIGKILL
+  run.chief.start()
+  _restart_with(run, since, left_out=())
 
   since = len(run.records)
   joining.kill(signal.SIGTERM)  # Leaves: nobody starts it again.

@@ -129,13 +129,13 @@ class _ClosureLog:
     return getattr(self._coordinator, name)
 
 
-def _looped_start(runtime):
+def _looped_start(runtime, examples=EXAMPLES):
   """(step, counts, closure log, trainer) of a counting run whose looped start is past
   once its first loop ends."""
   step = tf.Variable(0, dtype=tf.int64)
-  counts = tf.Variable(tf.zeros([EXAMPLES], tf.int32))
+  counts = tf.Variable(tf.zeros([examples], tf.int32))
   trainer = input_experiments.CountingTrainer(
-      counts, step, input_experiments.dataset_fn_for(EXAMPLES, BATCH))
+      counts, step, input_experiments.dataset_fn_for(examples, BATCH))
   closures = _ClosureLog(runtime.coordinator)
   ps_trainer = trainer_lib.PSTrainer(
       trainer, dataclasses.replace(runtime, coordinator=closures),
@@ -162,17 +162,25 @@ def test_the_written_out_closures_wait_while_a_worker_does_not_answer(runtime, m
   # hold the whole coordinator, so the looped ones go on until it answers.
   from tfps.cluster import readiness
   reachable = readiness.reachable
-  silent = {"worker:1"}
-  monkeypatch.setattr(readiness, "reachable", lambda cluster, tasks, timeout: {
-      t for t in reachable(cluster, tasks, timeout) if str(t) not in silent})
-  _, counts, closures, ps_trainer = _looped_start(runtime)
+  silent, probes, clock = {"worker:1"}, [], [0.0]
+  monkeypatch.setattr(readiness, "reachable", lambda cluster, tasks, timeout: probes.append(
+      tasks) or {t for t in reachable(cluster, tasks, timeout) if str(t) not in silent})
+  monkeypatch.setattr(trainer_lib, "_now", lambda: clock[0])
+  examples = 80 * BATCH  # An epoch of 4 loops of 20 steps.
+  _, counts, closures, ps_trainer = _looped_start(runtime, examples)
   ps_trainer.train(tf.constant(20))
   ps_trainer.train(tf.constant(20))  # Ready to write out, but worker:1 is silent.
   assert closures.names == ["fast_closure"] * 4 and ps_trainer.full_closure_ready.is_set()
-  silent.clear()
+  assert probes
+  probed, _ = len(probes), silent.clear()
+  # It answers now; but it was silent a moment ago, and the next loops do not each
+  # wait for a probe (a paused worker's can take up to 0.3 s) until a while later.
   ps_trainer.train(tf.constant(20))
-  assert closures.names[4:] == ["full_closure"] * 2, closures.names
-  assert np.array_equal(counts.numpy(), np.ones(EXAMPLES, np.int32))  # Each batch once.
+  assert closures.names[4:] == ["fast_closure"] * 2 and len(probes) == probed
+  clock[0] += trainer_lib._SILENT_RECHECK_SECONDS  # pylint: disable=protected-access
+  ps_trainer.train(tf.constant(20))
+  assert closures.names[6:] == ["full_closure"] * 2, closures.names
+  assert np.array_equal(counts.numpy(), np.ones(examples, np.int32))  # Each batch once.
 
 
 def test_by_default_every_full_closure_is_written_out(runtime):

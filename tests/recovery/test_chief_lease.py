@@ -89,3 +89,10 @@ def test_lease_settings_are_checked_by_name(tmp_path):
     chief_lease.LeaseConfig(lease_seconds=1.0, renew_seconds=0.5)
   with pytest.raises(errors.UsageError, match="gs://b/m.*shared filesystem"):
     chief_lease.LeaseStore("gs://b/m")
+
+
+def test_a_holder_s_name_gives_back_its_task():
+  # tfps chaos aims `chief:active` faults at the task this returns.
+  name = chief_lease.holder_named("chief:1", "vm-3:2222", 12)
+  assert name == "chief:1 (vm-3:2222, pid 12)"
+  assert chief_lease.holder_task(name) == "chief:1"

@@ -183,7 +183,7 @@ def _standby_prepared(event_log: events.EventLog, since: float) -> bool:
 def _lease_holder(model_dir: str) -> spec_lib.TaskId:
   """The chief replica holding the lease now (chief:0 before any took it)."""
   holder = chief_lease.LeaseStore(model_dir).holder()
-  return spec_lib.TaskId.parse(holder.split(" ", 1)[0]) if holder else (
+  return spec_lib.TaskId.parse(chief_lease.holder_task(holder)) if holder else (
       spec_lib.TaskId(spec_lib.JobType.CHIEF, 0))
 
 

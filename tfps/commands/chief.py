@@ -213,7 +213,7 @@ def supervise(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, *,
           chief_lease.LeaseConfig(lease_seconds=spec.chief_lease_seconds,
                                   renew_seconds=min(0.1, spec.chief_lease_seconds / 4)),
           replica=config.task.index, stop=stop, event_log=event_log, sees_cluster=sight,
-          me=f"{config.task} ({config.address}, pid {os.getpid()})",
+          me=chief_lease.holder_named(str(config.task), config.address, os.getpid()),
           presence_host=config.address.rpartition(":")[0])
 
       def hold(generation: int, superseded) -> supervisor.SupervisorResult:

@@ -86,6 +86,11 @@ from tfps.base import errors
 DEFAULT_UNROLL = 50
 # Steps per closure of a calibration's last wave (`PSTrainer._calibrate`).
 _CALIBRATION_STEPS = 4
+# After a worker did not answer (`_workers_all_answer`), the loops of the next
+# seconds take it as silent still, rather than each wait for a probe (up to
+# speculation.PROBE_SECONDS) while it is paused.
+_SILENT_RECHECK_SECONDS = 2.0
+_now = time.monotonic  # That recheck's clock (a test moves it).
 
 
 def plan_closures(num_steps: int, steps_per_closure: int, num_workers: int) -> list[int]:
@@ -264,6 +269,7 @@ class PSTrainer(orbit.StandardTrainer):
     self._failover: failover_graphs_lib.FailoverGraphs | None = None  # Made with the loop.
     self._written_out_loops = 0
     self._said_silent = False  # A silent worker held back new closures (said once).
+    self._probe_again_at = 0.0  # After a worker was silent, when to probe them again.
     self._fast_loops = 0  # Loops with the fast-start closure (positioned input).
     self._loop_slack = options.loop_slack
     self.full_closure_ready = threading.Event()  # Full-size closures are written out.
@@ -665,9 +671,13 @@ class PSTrainer(orbit.StandardTrainer):
   def _workers_all_answer(self) -> bool:
     """Whether every worker answers a probe now (says once which did not): before
     anything that makes new functions mid-run (they are registered with every worker)."""
+    if _now() < self._probe_again_at:
+      return False  # One did not answer a moment ago: spare each loop a probe's wait.
     tasks = [spec_lib.TaskId(spec_lib.JobType.WORKER, i) for i in range(self._runtime.num_workers)]
     silent = sorted(set(tasks) - readiness.reachable(self._runtime.cluster, tasks,
                                                       speculation_lib.PROBE_SECONDS))
+    if silent:
+      self._probe_again_at = _now() + _SILENT_RECHECK_SECONDS
     if silent and not self._said_silent:
       self._said_silent = True
       logging.warning("%s does not answer: new closures (written out, failover graphs) wait "

@@ -59,6 +59,17 @@ _FINAL_CODES = frozenset({errors.ExitCode.OK, errors.ExitCode.PERMANENT, errors.
 _GENERATION = re.compile(r"generation-(\d+)$")
 
 
+def holder_named(task: str, address: str, pid: int) -> str:
+  """How a replica names itself as the lease's holder: its task first, for people
+  and for `holder_task` ('chief:1 (host:2222, pid 12)')."""
+  return f"{task} ({address}, pid {pid})"
+
+
+def holder_task(holder: str) -> str:
+  """The task a holder's name (`holder_named`) starts with: 'chief:1'."""
+  return holder.split(" ", 1)[0]
+
+
 @dataclasses.dataclass(frozen=True)
 class LeaseConfig:
   """Attributes:
