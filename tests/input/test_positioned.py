@@ -106,12 +106,29 @@ def test_a_loop_cut_short_by_an_interrupt_takes_no_chunk_it_does_not_train(runti
   counts = tf.Variable(tf.zeros([EXAMPLES], tf.int32))
   trainer = input_experiments.CountingTrainer(
       counts, step, input_experiments.dataset_fn_for(EXAMPLES, BATCH))
-  ps_trainer = trainer_lib.PSTrainer(trainer, runtime, OPTIONS(steps_per_closure=5),
-                                     pause=lambda: True)
-  ps_trainer.train(tf.constant(20))  # Pending from the start: one closure, then stop.
+  ps_trainer = trainer_lib.PSTrainer(
+      trainer, runtime, OPTIONS(steps_per_closure=5),
+      pause=lambda: ps_trainer.closures_scheduled >= 1)  # Once the first is scheduled.
+  ps_trainer.train(tf.constant(20))  # One closure, then stop.
   assert ps_trainer.closures_scheduled == 1
   assert int(step.numpy()) == ps_trainer.ledger.taken == 5
   assert counts.numpy().sum() == 5 * BATCH
+
+
+def test_an_interrupt_pending_at_a_loop_start_schedules_and_traces_nothing(runtime):
+  # A SIGTERM during the loop before a write-out: tracing and instantiating the
+  # written-out closures first would hold the save (and the exit) ~10 s.
+  pending = [False]
+  _, counts, closures, ps_trainer = _looped_start(runtime, pause=lambda: pending[0])
+  ps_trainer.train(tf.constant(20))  # Fast-start closures; the write-out is due next.
+  traced, pending[0] = ps_trainer.closures_traced, True
+  ps_trainer.train(tf.constant(20))
+  assert closures.names == ["fast_closure"] * 2 and ps_trainer.ledger.taken == 20
+  assert ps_trainer.closures_traced == traced and not ps_trainer.workers_kept_warm
+  pending[0] = False  # Served (a save on a task's notice): training goes on.
+  ps_trainer.train(tf.constant(40))
+  assert closures.names[2:] == ["full_closure"] * 4, closures.names
+  assert np.array_equal(counts.numpy(), np.ones(EXAMPLES, np.int32))  # Each batch once.
 
 
 class _ClosureLog:
@@ -129,7 +146,7 @@ class _ClosureLog:
     return getattr(self._coordinator, name)
 
 
-def _looped_start(runtime, examples=EXAMPLES):
+def _looped_start(runtime, examples=EXAMPLES, pause=None):
   """(step, counts, closure log, trainer) of a counting run whose looped start is past
   once its first loop ends."""
   step = tf.Variable(0, dtype=tf.int64)
@@ -139,7 +156,7 @@ def _looped_start(runtime, examples=EXAMPLES):
   closures = _ClosureLog(runtime.coordinator)
   ps_trainer = trainer_lib.PSTrainer(
       trainer, dataclasses.replace(runtime, coordinator=closures),
-      OPTIONS(steps_per_closure=10, looped_seconds=1e-9))
+      OPTIONS(steps_per_closure=10, looped_seconds=1e-9), pause=pause)
   return step, counts, closures, ps_trainer
 
 

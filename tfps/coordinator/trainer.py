@@ -541,16 +541,22 @@ class PSTrainer(orbit.StandardTrainer):
     with self._runtime.strategy.scope():
       if self._full_size is None:
         self._choose_full_size(iterator, loop)
+      # A pending interrupt: this loop schedules nothing (`_schedule`) and makes
+      # nothing new, as a new kind's trace and instantiation would hold the save
+      # for seconds (~10 s at a write-out).
+      stopping = self._pause()
       # One kind per loop. The written-out kind's first trace registers new
       # functions with every worker, which waits for a paused one (holding the
       # GIL: the whole coordinator would stand still), so it waits until all answer.
-      loop.written_out = self.full_closure_ready.is_set() and (
-          self._written_out_loops > 0 or self._workers_all_answer())
-      if self._warm is not None:
+      loop.written_out = bool(self._last_kind) if stopping else (
+          self.full_closure_ready.is_set() and (
+              self._written_out_loops > 0 or self._workers_all_answer()))
+      if self._warm is not None and not stopping:
         with _step_log_errors():  # Traces the closures of that kind (the warm-ups' calls).
           self._warm.before_loop(written_out=loop.written_out)
-      fresh = loop.written_out is not self._last_kind  # Its first loop instantiates them.
-      self._last_kind = loop.written_out
+      # Its first loop instantiates them.
+      fresh = stopping or loop.written_out is not self._last_kind
+      self._last_kind = self._last_kind if stopping else loop.written_out
       began, before = time.monotonic(), len(loop.scheduled)
       most = self._closure_steps(self._full_size)
       self._schedule(iterator, loop, plan_closures(loop.left, most, self._runtime.num_workers),
@@ -615,6 +621,11 @@ class PSTrainer(orbit.StandardTrainer):
       allowed = self._loop_slack
     taken = 0
     while loop.left > 0 and not loop.cut_short:
+      if self._pause():  # Before a chunk is taken: none is left untrained.
+        logging.info("loop cut short after %d closures: an interrupt is pending "
+                     "(the chief saves next)", len(loop.scheduled))
+        loop.cut_short = True  # Finish what runs (join).
+        return
       if self._positioned is None:
         if taken >= len(sizes):
           return
@@ -637,10 +648,6 @@ class PSTrainer(orbit.StandardTrainer):
       if chunk is not None:
         loop.chunks.append(chunk)
       self.closures_scheduled += 1
-      if self._pause():  # Before the next chunk is taken: none is left untrained.
-        logging.info("loop cut short after %d closures: an interrupt is pending "
-                     "(the chief saves next)", len(loop.scheduled))
-        loop.cut_short = True  # Finish what runs (join).
 
   def _end_loop(self, loop: "_Loop") -> None:
     """After join: steps counted once, the loop's record, its step logs, warm closures."""
