@@ -10,7 +10,7 @@ the main thread, and runs a second signal's handler inside the first's. A
 second signal landing while the first handler held it (two SIGTERMs a moment
 apart: `timeout(1)` forwarding one to its child while a `pkill` sends
 another) blocked on it forever: `tfps local` hung and never stopped. So the
-handler sets an attribute and writes a byte to a pipe that waiters select on.
+handler sets an attribute and writes a byte to a pipe that waiters poll.
 """
 
 import os
