@@ -115,6 +115,20 @@ def test_a_loop_cut_short_by_an_interrupt_takes_no_chunk_it_does_not_train(runti
   assert counts.numpy().sum() == 5 * BATCH
 
 
+def test_steps_a_woken_run_trains_between_loops_are_counted_re_executed(runtime):
+  # A paused worker's closure run again elsewhere: the first run, woken after
+  # its loop was counted, trains until its fence check. The next loop counts
+  # those steps as re-executed, and the global step stays the input's position.
+  step, counts, _, ps_trainer = _looped_start(runtime)
+  ps_trainer.train(tf.constant(20))
+  step.assign_add(7)  # What the woken run's steps do to the counter.
+  ps_trainer.train(tf.constant(20))
+  assert int(step.numpy()) == ps_trainer.ledger.taken == 40
+  assert ps_trainer.reexecuted_steps == ps_trainer.ledger.reexecuted == 7
+  assert ps_trainer.last_loop.reexecuted == 7
+  assert counts.numpy().sum() == 40 * BATCH
+
+
 def test_an_interrupt_pending_at_a_loop_start_schedules_and_traces_nothing(runtime):
   # A SIGTERM during the loop before a write-out: tracing and instantiating the
   # written-out closures first would hold the save (and the exit) ~10 s.

@@ -121,6 +121,7 @@ class _Loop:
   chunks: list = dataclasses.field(default_factory=list)  # Positioned input's.
   cut_short: bool = False  # An interrupt is pending: no more closures.
   warming: bool = False  # The workers build failover graphs before its closures.
+  reexecuted_before: int = 0  # Steps a woken run trained since the last loop was counted.
 
   def __post_init__(self):
     if self.left < 0:
@@ -270,6 +271,7 @@ class PSTrainer(orbit.StandardTrainer):
     self._written_out_loops = 0
     self._said_silent = False  # A silent worker held back new closures (said once).
     self._probe_again_at = 0.0  # After a worker was silent, when to probe them again.
+    self._counted_step: int | None = None  # The global step the last loop left.
     self._fast_loops = 0  # Loops with the fast-start closure (positioned input).
     self._loop_slack = options.loop_slack
     self.full_closure_ready = threading.Event()  # Full-size closures are written out.
@@ -528,7 +530,14 @@ class PSTrainer(orbit.StandardTrainer):
 
   def _loop(self, iterator, num_steps) -> None:
     """One train loop: its closures on every worker, then join (see the module docstring)."""
-    loop = _Loop(start_step=self._read_step(), steps=int(num_steps))
+    start, before = self._read_step(), 0
+    if None not in (start, self._counted_step) and start > self._counted_step:
+      # A run whose closure was taken and run elsewhere (`speculation`) woke
+      # after the last loop was counted, and trained until its fence check
+      # (`closure_fence.CHECK_EVERY` steps at most): counted as re-executed.
+      before = self._set_back(start - self._counted_step, "by a woken run since the last loop")
+      start = self._counted_step
+    loop = _Loop(start_step=start, steps=int(num_steps), reexecuted_before=before)
     if self._attempts is None:
       self._attempts = tf_internals.track_closures(self._runtime.coordinator, time.monotonic)
       self._attempts.on_done.append(self._count_closure)
@@ -654,7 +663,8 @@ class PSTrainer(orbit.StandardTrainer):
     scheduled_steps = sum(size for size, _ in loop.scheduled)
     self._written_out_loops += loop.written_out
     self._fast_loops += not loop.written_out
-    reexecuted = self._count_each_step_once(loop.start_step, scheduled_steps)
+    reexecuted = loop.reexecuted_before + self._count_each_step_once(loop.start_step,
+                                                                       scheduled_steps)
     with self._closures_lock:
       done, self._closures_done = self._closures_done, collections.Counter()
     self.last_loop = LoopInput(chunks=tuple(loop.chunks), reexecuted=reexecuted,
@@ -703,19 +713,25 @@ class PSTrainer(orbit.StandardTrainer):
 
     A closure that failed on a worker ran some of its steps (their updates
     stay applied) and then ran whole elsewhere: the step counter moved by
-    more than the loop's steps. Called after join(): no closure runs.
+    more than the loop's steps. Called after join(): none of the loop's
+    closures runs (a first run taken elsewhere may wake later: the next loop
+    counts its steps before it starts).
     """
     if start_step is None:
       return 0
     extra = self._read_step() - start_step - scheduled
-    if extra > 0:
-      self._global_step.assign_sub(extra)
-      self.reexecuted_steps += extra
-      if self.input_state.ledger is not None:
-        self.input_state.ledger.reexecuted += extra
-      logging.info("%d steps re-executed by retried closures (their partial updates stay "
-                   "applied); the global step counts each scheduled step once", extra)
-    return max(0, extra)
+    self._counted_step = start_step + scheduled
+    return self._set_back(extra, "by retried closures") if extra > 0 else 0
+
+  def _set_back(self, extra: int, by: str) -> int:
+    """Sets the global step back by `extra` steps re-executed `by` ...; returns them."""
+    self._global_step.assign_sub(extra)
+    self.reexecuted_steps += extra
+    if self.input_state.ledger is not None:
+      self.input_state.ledger.reexecuted += extra
+    logging.info("%d steps re-executed %s (their partial updates stay applied); the global "
+                 "step counts each scheduled step once", extra, by)
+    return extra
 
 
 @contextlib.contextmanager
