@@ -208,7 +208,7 @@ def _eval_shards(config: CoordinatorConfig, runtime: strategy_lib.PSRuntime) -> 
   which batches a partial evaluation (--eval_steps) reads, so the same model
   would score differently on 2 workers and on 3.
   """
-  left_out = sum(task.startswith(f"{spec_lib.JobType.WORKER.value}:")
+  left_out = sum(spec_lib.TaskId.parse(task).job == spec_lib.JobType.WORKER
                  for task in config.tasks_left_out)
   return config.eval_shards or 4 * (runtime.num_workers + left_out)
 

@@ -121,7 +121,6 @@ class _Loop:
   chunks: list = dataclasses.field(default_factory=list)  # Positioned input's.
   cut_short: bool = False  # An interrupt is pending: no more closures.
   warming: bool = False  # The workers build failover graphs before its closures.
-  reexecuted_before: int = 0  # Steps a woken run trained since the last loop was counted.
 
   def __post_init__(self):
     if self.left < 0:
@@ -530,14 +529,12 @@ class PSTrainer(orbit.StandardTrainer):
 
   def _loop(self, iterator, num_steps) -> None:
     """One train loop: its closures on every worker, then join (see the module docstring)."""
-    start, before = self._read_step(), 0
-    if None not in (start, self._counted_step) and start > self._counted_step:
-      # A run whose closure was taken and run elsewhere (`speculation`) woke
-      # after the last loop was counted, and trained until its fence check
-      # (`closure_fence.CHECK_EVERY` steps at most): counted as re-executed.
-      before = self._set_back(start - self._counted_step, "by a woken run since the last loop")
-      start = self._counted_step
-    loop = _Loop(start_step=start, steps=int(num_steps), reexecuted_before=before)
+    # From where the last loop's count left the step, not from a read of it: a
+    # run whose closure was taken and run elsewhere (`speculation`) may wake
+    # between loops and train until its fence check (`closure_fence.CHECK_EVERY`
+    # steps at most); this loop's count then sets those back too.
+    start = self._read_step() if self._counted_step is None else self._counted_step
+    loop = _Loop(start_step=start, steps=int(num_steps))
     if self._attempts is None:
       self._attempts = tf_internals.track_closures(self._runtime.coordinator, time.monotonic)
       self._attempts.on_done.append(self._count_closure)
@@ -663,8 +660,7 @@ class PSTrainer(orbit.StandardTrainer):
     scheduled_steps = sum(size for size, _ in loop.scheduled)
     self._written_out_loops += loop.written_out
     self._fast_loops += not loop.written_out
-    reexecuted = loop.reexecuted_before + self._count_each_step_once(loop.start_step,
-                                                                       scheduled_steps)
+    reexecuted = self._count_each_step_once(loop.start_step, scheduled_steps)
     with self._closures_lock:
       done, self._closures_done = self._closures_done, collections.Counter()
     self.last_loop = LoopInput(chunks=tuple(loop.chunks), reexecuted=reexecuted,
@@ -714,24 +710,21 @@ class PSTrainer(orbit.StandardTrainer):
     A closure that failed on a worker ran some of its steps (their updates
     stay applied) and then ran whole elsewhere: the step counter moved by
     more than the loop's steps. Called after join(): none of the loop's
-    closures runs (a first run taken elsewhere may wake later: the next loop
-    counts its steps before it starts).
+    closures runs (a first run taken elsewhere may wake later: the next loop,
+    which starts from `start_step + scheduled`, counts its steps).
     """
     if start_step is None:
       return 0
     extra = self._read_step() - start_step - scheduled
     self._counted_step = start_step + scheduled
-    return self._set_back(extra, "by retried closures") if extra > 0 else 0
-
-  def _set_back(self, extra: int, by: str) -> int:
-    """Sets the global step back by `extra` steps re-executed `by` ...; returns them."""
-    self._global_step.assign_sub(extra)
-    self.reexecuted_steps += extra
-    if self.input_state.ledger is not None:
-      self.input_state.ledger.reexecuted += extra
-    logging.info("%d steps re-executed %s (their partial updates stay applied); the global "
-                 "step counts each scheduled step once", extra, by)
-    return extra
+    if extra > 0:
+      self._global_step.assign_sub(extra)
+      self.reexecuted_steps += extra
+      if self.input_state.ledger is not None:
+        self.input_state.ledger.reexecuted += extra
+      logging.info("%d steps re-executed by retried or woken closures (their partial updates "
+                   "stay applied); the global step counts each scheduled step once", extra)
+    return max(0, extra)
 
 
 @contextlib.contextmanager
