@@ -95,9 +95,81 @@ def test_forms_read_through_say_what_to_write_instead(tmp_path):
   assert not records.seekable and "shard the file names" in records.advice
   files = _plan(lambda: tf.data.Dataset.from_tensor_slices([path]).shard(4, 1).interleave(
       tf.data.TFRecordDataset).batch(B))
-  assert not files.seekable and "--input_shards=<number of files>" in files.advice
+  assert files.seekable  # Its skip reads the shard's own files' raw records.
   filtered = _plan(lambda: tf.data.Dataset.range(N).shard(4, 1).filter(lambda x: x > 3))
   assert not filtered.seekable and filtered.blocked_at == "FilterDataset"
+
+
+def _write_records(directory, files: int, per_file: int) -> list[str]:
+  paths = []
+  for f in range(files):
+    paths.append(os.path.join(directory, f"r{f}.tfrecord"))
+    with tf.io.TFRecordWriter(paths[-1]) as writer:
+      for i in range(per_file + f):  # Files of unequal lengths.
+        writer.write(str(1000 * f + i).encode())
+  return paths
+
+
+def _to_id(record):
+  return tf.strings.to_number(record, tf.int64)
+
+
+def _low_forms(paths: list[str], text: str) -> dict:
+  """Forms whose skip goes below their batches and maps (not a strided source)."""
+  return {
+      "files.shard.interleave(tfrecord).batch.map": lambda n, i: tf.data.Dataset
+          .from_tensor_slices(paths).shard(n, i).interleave(
+              tf.data.TFRecordDataset, cycle_length=2, block_length=3).batch(B).map(_to_id),
+      "tfrecord(files).map.shard.batch.map": lambda n, i: tf.data.TFRecordDataset(paths)
+          .map(_to_id).shard(n, i).batch(B).map(lambda x: x + 1),
+      "text.shard.batch(drop).batch.map": lambda n, i: tf.data.TextLineDataset(text)
+          .shard(n, i).batch(3, drop_remainder=True).batch(2).map(_to_id),
+      "range.shard.filter.batch": lambda n, i: tf.data.Dataset.range(N).shard(n, i)
+          .filter(lambda x: x % 3 > 0).batch(B),
+  }
+
+
+def test_a_skip_moved_below_the_batches_and_maps_yields_the_plain_skips_batches(tmp_path):
+  paths = _write_records(tmp_path, files=5, per_file=60)
+  text = os.path.join(tmp_path, "ids.csv")
+  with open(text, "w") as out:
+    out.write("".join(f"{i}\n" for i in range(N)))
+  for form, make in _low_forms(paths, text).items():
+    @tf.function
+    def both(num_shards, shard, start, make=make):
+      dataset = make(num_shards, shard)
+      return _flat(seek.skip(dataset, start)), _flat(dataset.skip(start))
+
+    for num_shards in (1, 3):
+      for shard in sorted({0, num_shards - 1}):
+        batches = int(make(num_shards, shard).reduce(0, lambda n, _: n + 1))
+        for start in (0, 1, batches // 2, batches - 1, batches, batches + 2):
+          (ids, sizes), (want_ids, want_sizes) = both(
+              tf.constant(num_shards, tf.int64), tf.constant(shard, tf.int64),
+              tf.constant(start, tf.int64))
+          where = (form, num_shards, shard, start)
+          assert ids.numpy().tolist() == want_ids.numpy().tolist(), where
+          assert sizes.numpy().tolist() == want_sizes.numpy().tolist(), where
+
+
+def test_a_chunk_of_a_file_shard_skips_raw_records_not_batches(tmp_path):
+  # A map that counts its calls: the moved skip does not run it on the skipped records.
+  paths = _write_records(tmp_path, files=2, per_file=500)
+  calls = tf.Variable(0, dtype=tf.int64)
+
+  def counted(record):
+    calls.assign_add(1)
+    return _to_id(record)
+
+  @tf.function
+  def first_batch(start):
+    dataset = tf.data.Dataset.from_tensor_slices(paths).shard(2, 1).interleave(
+        tf.data.TFRecordDataset).map(counted).batch(B)
+    return next(iter(seek.skip(dataset, start)))
+
+  batch = first_batch(tf.constant(40, tf.int64))
+  assert batch.numpy().tolist() == [1000 + i for i in range(40 * B, 41 * B)]
+  assert int(calls.numpy()) == B
 
 
 def test_a_dataset_that_cannot_be_positioned_is_skipped_the_plain_way():

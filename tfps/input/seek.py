@@ -19,7 +19,16 @@ with a source that can be cut anywhere at no cost: `range` or
 source is rebuilt strided and started there, and every op above it is copied
 unchanged onto it. The elements, their order and the batches' bounds are
 exactly those of `dataset.skip(start)` (tests/input/test_seek.py compares
-them form by form); any other graph is skipped the plain way.
+them form by form).
+
+Any other graph gets the skip as low in its chain as it stays exact: below
+the batches (times their sizes), the one-to-one maps and a shard (as a skip
+of `s + k * S` under a `shard(S, 0)`), right above the first op that is none
+of these. A shard of file names read through a flat_map or an interleave
+(`list_files(...).shard(S, s).interleave(TFRecordDataset)`) then skips raw
+records of its own files only, unparsed: cheap, like a strided source. A
+shard of the records themselves still reads every shard's records (`S` per
+element), and says so at the start.
 
 `plan_of(dataset)` says which of the two a dataset gets, and why, so that
 the start can say in one line what a form costs and what to write instead.
@@ -53,6 +62,8 @@ _RANGE = "RangeDataset"
 _SLICES = "TensorSliceDataset"
 # Ops that read records from files (each file through a flat_map or an interleave).
 _READERS = ("TFRecordDataset", "TextLineDataset", "FixedLengthRecordDataset")
+# Ops that read a file (their function's reader) per input element, in order.
+_FILE_READS = frozenset({"FlatMapDataset", "InterleaveDataset"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,9 +87,12 @@ class Plan:
 def skip(dataset: tf.data.Dataset, start: Any) -> tf.data.Dataset:
   """`dataset.skip(start)`, by starting its source there where the graph allows."""
   chain = _chain(dataset)
-  if chain is None or not _plan(chain).seekable:
+  if chain is None:
     return dataset.skip(start)
-  return _positioned(dataset, chain, tf.cast(start, tf.int64))
+  start = tf.cast(start, tf.int64)
+  if _strided_plan(chain).seekable:
+    return _positioned(dataset, chain, start)
+  return _skipped_low(dataset, chain, start)
 
 
 def plan_of(dataset: tf.data.Dataset) -> Plan:
@@ -103,6 +117,14 @@ def _chain(dataset: tf.data.Dataset) -> list[Any] | None:
 
 
 def _plan(chain: list[Any]) -> Plan:
+  plan = _strided_plan(chain)
+  if plan.seekable or not _skips_raw_records(chain):
+    return plan
+  return Plan(True)
+
+
+def _strided_plan(chain: list[Any]) -> Plan:
+  """Whether the source can be started at the chunk (`range`/slices under a shard)."""
   shard = next((i for i, op in enumerate(chain) if op.type == _SHARD), None)
   above = chain[:shard] if shard is not None else chain[:-1]
   for op in above:
@@ -164,6 +186,71 @@ def _function_reads_files(graph, name: str, depth: int) -> bool:
            for value in node.attr.values() if value.func.name):
       return True
   return False
+
+
+def _skip_point(chain: list[Any]) -> tuple[int, int | None]:
+  """Where a skip can go lowest: the index in `chain` of the op it goes right above (the
+  first op from the top that is neither one-to-one nor a batch, nor a shard it can pass),
+  and the index of the shard it passes (None if it passes none)."""
+  shard = None
+  for depth, op in enumerate(chain[:-1]):
+    if op.type in _ONE_TO_ONE or op.type in _BATCHES:
+      continue
+    if op.type == _SHARD and shard is None and not op.get_attr("require_non_empty"):
+      shard = depth
+      continue
+    return depth, shard
+  return len(chain) - 1, shard
+
+
+def _skips_raw_records(chain: list[Any]) -> bool:
+  """Whether a skip, moved down, reads only raw records of this shard's own files: it goes
+  right above a flat_map/interleave of file readers, and any shard is of the file names
+  below it (a shard of the records above would still read every shard's records)."""
+  depth, passed_shard = _skip_point(chain)
+  base = chain[depth]
+  return (passed_shard is None and base.type in _FILE_READS and _reads_files(base)
+          and _element_types(base) is not None)
+
+
+def _skipped_low(dataset: tf.data.Dataset, chain: list[Any], start: tf.Tensor
+                 ) -> tf.data.Dataset:
+  """`dataset.skip(start)`, the skip moved as far down the chain as it stays exact.
+
+  Skipping `start` batches is skipping `start * B` elements below the batch, and one-to-one
+  ops (maps, prefetches) pass a skip unchanged; a `shard(S, s)` passes it as a skip of
+  `s + k * S` below and `shard(S, 0)` on top. So the skipped elements are read as the op
+  below produces them (a file's raw records), not parsed, mapped and batched first.
+  """
+  depth, shard = _skip_point(chain)
+  types = _element_types(chain[depth])
+  if depth == 0 or types is None:
+    return dataset.skip(start)
+  elements = start
+  for op in chain[:depth]:
+    if op.type in _BATCHES:
+      elements = elements * tf.cast(op.inputs[1], tf.int64)
+    elif op.type == _SHARD and chain.index(op) == shard:
+      num_shards = tf.cast(op.inputs[1], tf.int64)
+      elements = tf.cast(op.inputs[2], tf.int64) + elements * num_shards
+  variant = tf.raw_ops.SkipDataset(input_dataset=chain[depth].outputs[0], count=elements,
+                                   output_types=types[0], output_shapes=types[1])
+  for index in range(depth - 1, -1, -1):
+    op = chain[index]
+    if index == shard:  # Its elements now start at the skip: shard 0 of them.
+      variant = tf_internals.create_op_like(
+          op, [variant, op.inputs[1], tf.zeros([], op.inputs[2].dtype)])
+    else:
+      variant = _copy_onto(op, variant)
+  return tf.data.experimental.from_variant(variant, structure=dataset.element_spec)
+
+
+def _element_types(op) -> tuple[list[Any], list[Any]] | None:
+  """The dtypes and shapes of `op`'s elements (from its attributes), if it says them."""
+  attrs = op.node_def.attr
+  if "output_types" not in attrs or "output_shapes" not in attrs:
+    return None
+  return op.get_attr("output_types"), op.get_attr("output_shapes")
 
 
 def _positioned(dataset: tf.data.Dataset, chain: list[Any], start: tf.Tensor) -> tf.data.Dataset:
