@@ -49,6 +49,11 @@ _PROBE_SECONDS = 2.0
 # one refusal is a blip until the next round says otherwise, and a ps kill
 # is then a loss ~0.2 s after the first refusal instead of a whole interval.
 RECHECK_SECONDS = 0.2
+# Rounds repeat this often. A round costs a channel handshake per task and a
+# sentinel read per ps (milliseconds, off the main thread); a ps killed just
+# after a round is seen up to this much later (a loss in a coordinator's
+# first minute: 0.4-1.3 s of ~6 s at 1 s).
+INTERVAL_SECONDS = 0.5
 
 
 def _exit_lost(message: str) -> None:
@@ -70,7 +75,7 @@ class PsDeadline:
   """
 
   def __init__(self, cluster: spec_lib.ClusterSpec, timeout: float, *,
-               interval: float = 1.0, refusals: int = 2,
+               interval: float = INTERVAL_SECONDS, refusals: int = 2,
                probe: Callable[[list[spec_lib.TaskId]], dict] | None = None,
                state_lost: Callable[[spec_lib.TaskId], str | None] | None = None,
                on_overdue: Callable[[str], None] = _exit_lost,
