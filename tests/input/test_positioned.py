@@ -129,6 +129,26 @@ def test_steps_a_woken_run_trains_between_loops_are_counted_re_executed(runtime)
   assert counts.numpy().sum() == 40 * BATCH
 
 
+def test_a_restored_step_ahead_of_the_restored_input_is_set_back_at_the_start(runtime):
+  # The woken run's steps landed after the loop's count and before the save: the
+  # checkpoint's step is ahead of its ledger. The restored coordinator's start counts
+  # them re-executed, and its first loop starts at the input's position.
+  step, counts, _, ps_trainer = _looped_start(runtime)
+  ps_trainer.train(tf.constant(20))
+  step.assign_add(4)  # Before the save.
+  restored = trainer_lib.PSTrainer(
+      input_experiments.CountingTrainer(counts, step,
+                                        input_experiments.dataset_fn_for(EXAMPLES, BATCH)),
+      runtime, OPTIONS(steps_per_closure=10))
+  restored.input_state.deserialize(ps_trainer.input_state.serialize())  # As a restore does.
+  restored.start_training()
+  assert int(step.numpy()) == restored.ledger.taken == 20
+  assert restored.reexecuted_steps == restored.ledger.reexecuted == 4
+  restored.train(tf.constant(20))
+  assert int(step.numpy()) == restored.ledger.taken == 40
+  assert counts.numpy().sum() == 40 * BATCH
+
+
 def test_an_interrupt_pending_at_a_loop_start_schedules_and_traces_nothing(runtime):
   # A SIGTERM during the loop before a write-out: tracing and instantiating the
   # written-out closures first would hold the save (and the exit) ~10 s.

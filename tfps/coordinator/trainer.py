@@ -383,9 +383,33 @@ class PSTrainer(orbit.StandardTrainer):
     return warm()
 
   def start_training(self) -> None:
-    """Training starts now, after a `build_ahead`: its loops' clocks start here."""
+    """Training starts now (after a restore, or a `build_ahead`): its loops' clocks start
+    here, and a restored step ahead of the restored input's position is set back."""
     if self._warm is not None:
       self._warm.restart_clock()
+    self._align_step_with_input()
+
+  def _align_step_with_input(self) -> None:
+    """Sets the global step back to the input's position (`ledger.taken`) where it is ahead.
+
+    They are equal whenever no closure runs, but for one case: a run taken elsewhere
+    (`speculation`) that woke after its loop was counted and before the save trained
+    up to `closure_fence.CHECK_EVERY` steps that the saved step holds and the saved
+    ledger does not. Nothing runs yet here, so the difference is exactly those steps:
+    re-executed, as the next loop's count would have called them.
+    """
+    ledger = self.input_state.ledger
+    step = self._read_step()
+    if ledger is None or step is None or step <= ledger.taken:
+      return
+    extra = step - ledger.taken
+    self._global_step.assign_sub(extra)
+    self._counted_step = ledger.taken
+    self.reexecuted_steps += extra
+    ledger.reexecuted += extra
+    logging.info("the restored global step (%d) was %d ahead of the restored input's position: "
+                 "steps a woken closure trained before the save, counted as re-executed",
+                 step, extra)
 
   def train_loop_begin(self):
     return self._trainer.train_loop_begin()
