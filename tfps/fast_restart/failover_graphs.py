@@ -92,6 +92,11 @@ def workers_epoch() -> str:
   return f"{boot}:{parent}@{started[19] if len(started) > 19 else '?'}"  # Field 22: start.
 
 
+def record_key(graph: str) -> str:
+  """The record's key for `graph` on the workers started as this coordinator's were."""
+  return f"{graph}@{workers_epoch()}"
+
+
 def to_ask(held: Mapping[str, Any], key: str, workers: Mapping[int, str]) -> dict[int, str]:
   """Those of `workers` ({index: address}) not recorded in `held` as holding `key`."""
   have = set(held.get(key, ()))
@@ -110,7 +115,7 @@ def held(cache: trace_cache_lib.TraceCache, kind: str, root: Any,
     return False
   workers = dict(enumerate(cluster.addresses(spec_lib.JobType.WORKER)))
   return not to_ask(Record(os.path.join(cache.directory, RECORD)).read(),
-                    f"{graph}@{workers_epoch()}", workers)
+                    record_key(graph), workers)
 
 
 class Record:
@@ -216,7 +221,7 @@ class FailoverGraphs:
     if graph is None:
       return None  # No stored trace fits: the failover coordinator traces too.
     record = Record(os.path.join(self._cache.directory, RECORD))
-    key = f"{graph}@{workers_epoch()}"
+    key = record_key(graph)
     workers = dict(enumerate(view.addresses(spec_lib.JobType.WORKER)))
     asked = to_ask(record.read(), key, workers)
     if not asked:
