@@ -169,7 +169,9 @@ def test_a_chunk_of_a_file_shard_skips_raw_records_not_batches(tmp_path):
 
   batch = first_batch(tf.constant(40, tf.int64))
   assert batch.numpy().tolist() == [1000 + i for i in range(40 * B, 41 * B)]
-  assert int(calls.numpy()) == B
+  # Its batch, and what tf.data's injected prefetch reads ahead; a skip of the batches
+  # would have mapped 41 * B records.
+  assert B <= int(calls.numpy()) < 10 * B
 
 
 def test_a_dataset_that_cannot_be_positioned_is_skipped_the_plain_way():
