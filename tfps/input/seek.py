@@ -30,8 +30,9 @@ records of its own files only, unparsed: cheap, like a strided source. A
 shard of the records themselves still reads every shard's records (`S` per
 element), and says so at the start.
 
-`plan_of(dataset)` says which of the two a dataset gets, and why, so that
-the start can say in one line what a form costs and what to write instead.
+`plan_of(dataset)` says whether a dataset's chunks are cheap to position
+and, if not, why, so that the start can say in one line what a form costs
+and what to write instead.
 """
 
 import dataclasses
@@ -85,7 +86,8 @@ class Plan:
 
 
 def skip(dataset: tf.data.Dataset, start: Any) -> tf.data.Dataset:
-  """`dataset.skip(start)`, by starting its source there where the graph allows."""
+  """`dataset.skip(start)`, by starting its source there where the graph allows, else by
+  skipping as low in its chain as stays exact."""
   chain = _chain(dataset)
   if chain is None:
     return dataset.skip(start)
@@ -227,10 +229,10 @@ def _skipped_low(dataset: tf.data.Dataset, chain: list[Any], start: tf.Tensor
   if depth == 0 or types is None:
     return dataset.skip(start)
   elements = start
-  for op in chain[:depth]:
+  for index, op in enumerate(chain[:depth]):
     if op.type in _BATCHES:
       elements = elements * tf.cast(op.inputs[1], tf.int64)
-    elif op.type == _SHARD and chain.index(op) == shard:
+    elif index == shard:
       num_shards = tf.cast(op.inputs[1], tf.int64)
       elements = tf.cast(op.inputs[2], tf.int64) + elements * num_shards
   variant = tf.raw_ops.SkipDataset(input_dataset=chain[depth].outputs[0], count=elements,
