@@ -403,10 +403,8 @@ class PSTrainer(orbit.StandardTrainer):
     if ledger is None or step is None or step <= ledger.taken:
       return
     extra = step - ledger.taken
-    self._global_step.assign_sub(extra)
     self._counted_step = ledger.taken
-    self.reexecuted_steps += extra
-    ledger.reexecuted += extra
+    self._set_back(extra)
     logging.info("the restored global step (%d) was %d ahead of the restored input's position: "
                  "steps a woken closure trained before the save, counted as re-executed",
                  step, extra)
@@ -728,6 +726,13 @@ class PSTrainer(orbit.StandardTrainer):
   def _read_step(self) -> int | None:
     return None if self._global_step is None else int(self._global_step.numpy())
 
+  def _set_back(self, extra: int) -> None:
+    """The global step less `extra` steps that ran twice, counted as re-executed."""
+    self._global_step.assign_sub(extra)
+    self.reexecuted_steps += extra
+    if self.input_state.ledger is not None:
+      self.input_state.ledger.reexecuted += extra
+
   def _count_each_step_once(self, start_step: int | None, scheduled: int) -> int:
     """Sets the global step back by the steps re-executed in retries; returns them.
 
@@ -742,10 +747,7 @@ class PSTrainer(orbit.StandardTrainer):
     extra = self._read_step() - start_step - scheduled
     self._counted_step = start_step + scheduled
     if extra > 0:
-      self._global_step.assign_sub(extra)
-      self.reexecuted_steps += extra
-      if self.input_state.ledger is not None:
-        self.input_state.ledger.reexecuted += extra
+      self._set_back(extra)
       logging.info("%d steps re-executed by retried or woken closures (their partial updates "
                    "stay applied); the global step counts each scheduled step once", extra)
     return max(0, extra)
