@@ -20,6 +20,7 @@ from tfps.cluster import local
 from tfps.cluster import processes
 from tfps.cluster import readiness
 from tfps.cluster import spec as spec_lib
+from tfps.cluster import server_threads
 from tfps.base import errors
 
 from tests.support import procs
@@ -116,6 +117,10 @@ def test_close_leaves_no_process_and_no_socket(tmp_path):
     worker, ps = (procs.cmdline(task.pid) for task in (cluster.worker(0), cluster.ps(0)))
     cache = re.search(r"--graph_cache_dir=(\S+)", worker)[1]
     assert os.path.isdir(cache) and "graph_cache_dir" not in ps
+    # The one worker gets this machine's cores for its kernels; the ps its default (1).
+    assert re.search(r"--intra_op_threads=(\d+)", worker)[1] == str(
+        server_threads.usable_cores())
+    assert "intra_op_threads" not in ps
   assert not any(procs.alive(pid) for pid in pids)
   assert not os.path.exists(cache)
   assert not ports & _host_listening_ports()
@@ -195,3 +200,17 @@ def test_partitioned_worker_is_unreachable_until_healed(hosts_cluster):
   finally:
     hosts_cluster.heal(worker.task)
   hosts_cluster.wait_ready([worker.task], timeout=30)
+
+
+def test_workers_split_the_machine_s_cores_unless_the_flags_say(tmp_path):
+  def worker_flags(**config):
+    cluster = local.LocalCluster(local.LocalClusterConfig(work_dir=str(tmp_path), **config))
+    return cluster._worker_flags("/cache")  # pylint: disable=protected-access
+
+  share = server_threads.intra_op_threads(spec_lib.JobType.WORKER,
+                                          server_threads.usable_cores(), 4)
+  # Every worker of the spec (those that join later too) counts.
+  assert worker_flags(num_workers=2, max_workers=4) == (
+      "--graph_cache_dir=/cache", f"--intra_op_threads={share}")
+  assert worker_flags(num_workers=2, task_flags=("--intra_op_threads=3",)) == (
+      "--graph_cache_dir=/cache",)

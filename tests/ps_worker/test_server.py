@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from tfps.base import errors
+from tfps.cluster import server_threads
 from tfps.cluster import spec as spec_lib
 from tfps.ps_worker import server
 
@@ -26,7 +27,8 @@ def test_ps_gets_one_intra_op_thread_and_nobody_spins():
   ps = server.session_config_for(spec_lib.JobType.PS, CLUSTER, options, CONFIG_PROTO)
   worker = server.session_config_for(spec_lib.JobType.WORKER, CLUSTER, options, CONFIG_PROTO)
   assert ps.intra_op_parallelism_threads == 1
-  assert worker.intra_op_parallelism_threads == 0  # TF's default: one per core.
+  # The cores this process may use, a container's CPU limit included (not TF's 0).
+  assert worker.intra_op_parallelism_threads == server_threads.usable_cores() >= 1
   assert ps.inter_op_parallelism_threads == worker.inter_op_parallelism_threads == 3
   assert ps.experimental.disable_thread_spinning and worker.experimental.disable_thread_spinning
 

@@ -39,6 +39,7 @@ import orbit
 import tensorflow as tf
 import tf_keras
 
+from tfps.base import settings
 from tfps.cluster import spec as spec_lib
 from tfps.examples.ctr import experiment as ctr
 from tfps.coordinator import evaluator as evaluator_lib
@@ -286,9 +287,14 @@ class Tfps(_Distributed):
                steps_per_closure: int, unroll: int = trainer_lib.DEFAULT_UNROLL):
     super().__init__(runtime, params, batch_size=batch_size, seed=seed)
     # Written out from the first loop (the default): the windows time the steady closure.
+    # With the chief's defaults for what costs in the steady state: closures bounded in
+    # time, and fenced so that a slow worker's closure can be run again elsewhere.
     self._trainer = trainer_lib.PSTrainer(
         self.experiment.trainer, self.runtime,
-        trainer_lib.LoopOptions(steps_per_closure=steps_per_closure, unroll=unroll))
+        trainer_lib.LoopOptions(
+            steps_per_closure=steps_per_closure, unroll=unroll,
+            max_closure_seconds=settings.DEFAULTS["max_closure_seconds"],
+            rerun_slow_closures=False))
     self._controller = _controller(self._trainer, self.global_step, steps_per_loop,
                                    runtime.strategy)
 

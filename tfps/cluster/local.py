@@ -34,6 +34,7 @@ from tfps.cluster import output_tail
 from tfps.cluster import processes
 from tfps.cluster import readiness
 from tfps.cluster import scratch
+from tfps.cluster import server_threads
 from tfps.cluster import spec as spec_lib
 from tfps.base import errors
 from tfps.base import files
@@ -276,7 +277,7 @@ class LocalCluster:
       for task in self.spec.tasks():
         if task.job == JobType.CHIEF:
           continue
-        own = (f"--graph_cache_dir={graph_cache_dir}",) if task.job == JobType.WORKER else ()
+        own = self._worker_flags(graph_cache_dir) if task.job == JobType.WORKER else ()
         handle = TaskHandle(self, task, self.task_argv(task, (*own, *self.config.task_flags)))
         self.tasks[task] = handle
         if task.job == JobType.PS or task.index < self.config.num_workers:
@@ -346,6 +347,17 @@ class LocalCluster:
     if self.virtual_hosts is None:
       raise RuntimeError(f"{what} needs hosts='netns'")
     return self.virtual_hosts
+
+  def _worker_flags(self, graph_cache_dir: str) -> tuple[str, ...]:
+    """A worker's own flags: its graph cache and, unless `task_flags` set them, its
+    share of this machine's cores for its kernels (every worker of the spec runs
+    here; `server_threads.intra_op_threads`)."""
+    own = (f"--graph_cache_dir={graph_cache_dir}",)
+    if any(f.startswith("--intra_op_threads") for f in self.config.task_flags):
+      return own
+    threads = server_threads.intra_op_threads(
+        JobType.WORKER, server_threads.usable_cores(), self.spec.num_tasks(JobType.WORKER))
+    return (*own, f"--intra_op_threads={threads}")
 
   def task_argv(self, task: TaskId, extra_flags: Sequence[str] = ()) -> list[str]:
     """The `tfps run` command line of `task` (what a user would run)."""

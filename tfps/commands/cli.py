@@ -71,8 +71,8 @@ flags.DEFINE_enum("cluster_from", "flags", ["flags", "jobset"],
 flags.DEFINE_integer("task_port", 2222, "With --cluster_from=jobset: every task's TF port.")
 flags.DEFINE_integer("inter_op_threads", None, "TF inter-op threads of a ps/worker server.")
 flags.DEFINE_integer("intra_op_threads", None,
-                     "TF intra-op threads of a ps/worker server (default: 1 on a ps, "
-                     "one per core on a worker).")
+                     "TF intra-op threads of a ps/worker server (default: 1 on a ps; on a "
+                     "worker, the cores it may use, a container's CPU limit included).")
 flags.DEFINE_bool("thread_spinning", False,
                   "ps/worker: let idle TF threads spin (off: they sleep, leaving the "
                   "cores to tasks with work).")

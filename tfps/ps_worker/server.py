@@ -43,10 +43,9 @@ class ServerOptions:
   Attributes:
     inter_op_threads: TF inter-op threads; None picks a safe default (enough
       that concurrent closures cannot deadlock on 2 cores).
-    intra_op_threads: TF intra-op threads; None picks 1 on a ps (its kernels
-      are row gathers and updates, too small to gain from splitting; handing
-      them to other threads costs more than it saves) and TF's default (one
-      per core) on a worker.
+    intra_op_threads: TF intra-op threads; None picks 1 on a ps and, on a
+      worker, the cores it may use, a container's CPU limit included
+      (`server_threads.intra_op_threads`).
     thread_spinning: let idle TF threads spin waiting for work. Off by
       default: spinning threads of several tasks on the same cores take CPU
       from the tasks with work to do (measured: `tfps bench`, README).
@@ -96,7 +95,8 @@ def session_config_for(job: spec_lib.JobType, cluster: spec_lib.ClusterSpec,
   shared, small machine."""
   threads = options.inter_op_threads or server_threads.inter_op_threads(
       cluster.num_tasks(spec_lib.JobType.WORKER))
-  intra = options.intra_op_threads or (1 if job == spec_lib.JobType.PS else 0)  # 0: TF's.
+  intra = options.intra_op_threads or server_threads.intra_op_threads(
+      job, server_threads.usable_cores())
   session_config = config_proto(inter_op_parallelism_threads=threads,
                                 intra_op_parallelism_threads=intra)
   session_config.experimental.disable_thread_spinning = not options.thread_spinning
