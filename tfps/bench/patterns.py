@@ -280,21 +280,25 @@ class ModelGarden(_Distributed):
       _train_to(self._controller, num_steps)
 
 
+def tfps_loop_options(steps_per_closure: int, unroll: int) -> trainer_lib.LoopOptions:
+  """The tfps variant's loops: written out from the first loop (the windows time the
+  steady closure), with the chief's defaults for what costs in the steady state:
+  closures bounded in time, and fenced so that a slow worker's closure can run
+  again elsewhere."""
+  return trainer_lib.LoopOptions(
+      steps_per_closure=steps_per_closure, unroll=unroll,
+      max_closure_seconds=settings.DEFAULTS["max_closure_seconds"],
+      rerun_slow_closures=settings.DEFAULTS["rerun_slow_closures"])
+
+
 class Tfps(_Distributed):
   """tfps's PSTrainer, built as the chief builds it, under an Orbit Controller."""
 
   def __init__(self, runtime, params, *, batch_size: int, seed: int, steps_per_loop: int,
                steps_per_closure: int, unroll: int = trainer_lib.DEFAULT_UNROLL):
     super().__init__(runtime, params, batch_size=batch_size, seed=seed)
-    # Written out from the first loop (the default): the windows time the steady closure.
-    # With the chief's defaults for what costs in the steady state: closures bounded in
-    # time, and fenced so that a slow worker's closure can be run again elsewhere.
-    self._trainer = trainer_lib.PSTrainer(
-        self.experiment.trainer, self.runtime,
-        trainer_lib.LoopOptions(
-            steps_per_closure=steps_per_closure, unroll=unroll,
-            max_closure_seconds=settings.DEFAULTS["max_closure_seconds"],
-            rerun_slow_closures=False))
+    self._trainer = trainer_lib.PSTrainer(self.experiment.trainer, self.runtime,
+                                          tfps_loop_options(steps_per_closure, unroll))
     self._controller = _controller(self._trainer, self.global_step, steps_per_loop,
                                    runtime.strategy)
 
