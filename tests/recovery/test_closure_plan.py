@@ -71,9 +71,10 @@ def test_a_run_s_first_coordinator_rents_until_the_break_even():
   assert closure_plan.looped_seconds([], COSTS) == 32.0
 
 
-def test_the_measured_costs_break_even_after_minutes():
-  assert 300 <= closure_plan.MEASURED.break_even_seconds <= 400
-  assert 100 <= closure_plan.STORED.break_even_seconds <= 150
+def test_the_measured_costs_break_even_within_minutes():
+  # 15 s traced and 4.9 s stored, at 0.91 of the written-out speed.
+  assert 150 <= closure_plan.MEASURED.break_even_seconds <= 200
+  assert 45 <= closure_plan.STORED.break_even_seconds <= 65
 
 
 def test_after_long_lived_coordinators_the_next_writes_out_at_once():
