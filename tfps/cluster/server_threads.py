@@ -29,8 +29,8 @@ def intra_op_threads(job: spec_lib.JobType, cores: int, workers_on_host: int = 1
   splitting, and handing them to other threads costs more than it saves. A
   worker gets its share of the cores: TensorFlow's default is every core the
   process may run on, so workers sharing a host (`tfps local`) each split
-  their kernels over all of them and spend the difference stealing work and
-  switching threads (measured: docs/benchmarks.md, "Threads per task").
+  their kernels over all of them, which costs more CPU per step than it
+  saves (measured: docs/benchmarks.md, "Threads per task").
   """
   if job == spec_lib.JobType.PS:
     return 1
