@@ -9,17 +9,22 @@ of a batch) so that reading is all there is:
 * endless: the form with `repeat()`, read as tfps reads endless input (one
   iterator per worker, part 0 of `--workers`), in closures of
   `--steps_per_closure` steps;
-* positioned: chunks as the runtime reads them (`PositionedInput.chunk`
-  inside a `tf.function`, a new iterator per closure), for the shards tfps
-  makes by default; every chunk of `--sampled_shards` shards taken from the
-  middle, at most `--chunks_per_shard` of them spread over the shard (a
-  chunk's cost depends on where it starts);
-* plain skip: the same chunks as `dataset_fn(ctx).skip(start)` (what the
-  runtime did before positioning learned to seek), unless `--noplain_skip`.
+* positioned: chunks as the runtime reads them: handed out by the input's
+  ledger (the shards tfps makes by default) in `--workers` lanes, each
+  closure a `tf.function` that reads its chunk through its worker's resuming
+  reader (`PositionedInput.read`: it reads on where the last chunk ended,
+  else builds the chunk's iterator); the workers take turns, as equally fast
+  workers do. Timed from the start of the epoch on, so the shards' first
+  chunks (built) count too;
+* plain skip: chunks as `dataset_fn(ctx).skip(start)` in a new iterator per
+  closure (what the runtime did before positioning learned to seek), every
+  chunk of `--sampled_shards` shards taken from the middle, at most
+  `--chunks_per_shard` of them spread over the shard; unless `--noplain_skip`.
 
-Endless and positioned take `--rounds` turns, and the medians are printed
-(one turn for a form the runtime warns about: its chunks are plain skips,
-seconds each). Prints a markdown table (steps/s and positioned ÷ endless) and one JSON line.
+Endless and positioned take `--rounds` turns of about `--endless_seconds`
+each, and the medians are printed (one turn for a form the runtime warns
+about). Prints a markdown table (steps/s and positioned ÷ endless) and one
+JSON line.
 The file forms write their files first (`--records`, under a temp dir, removed).
 """
 
@@ -50,7 +55,7 @@ flags.DEFINE_integer("steps_per_closure", 50, "Steps per closure (the runtime's 
 flags.DEFINE_integer("workers", 2, "Workers the endless input is split over.")
 flags.DEFINE_integer("sampled_shards", 1, "Shards whose chunks are timed.")
 flags.DEFINE_integer("chunks_per_shard", 8, "Most chunks timed per sampled shard.")
-flags.DEFINE_float("endless_seconds", 1.0, "About how long the endless input is read.")
+flags.DEFINE_float("endless_seconds", 1.0, "About how long each turn reads.")
 flags.DEFINE_integer("rounds", 3, "Turns of endless then positioned (medians are printed).")
 flags.DEFINE_bool("plain_skip", True, "Also time chunks as dataset_fn(ctx).skip(start).")
 flags.DEFINE_list("forms", [], "Forms to measure (default: all).")
@@ -143,8 +148,8 @@ def _endless_runner(dataset_fn):
   return steps_per_second
 
 
-def _positioned_runner(make_chunk, chunks):
-  """A callable timing `make_chunk(shard, start)` in a closure as the runtime's, for
+def _chunk_runner(make_chunk, chunks):
+  """A callable timing `make_chunk(shard, start)` read from a new iterator per closure, for
   `chunks` (shard, start, count): steps/s."""
 
   @tf.function
@@ -166,6 +171,49 @@ def _positioned_runner(make_chunk, chunks):
     for chunk in chunks:
       run(*chunk)
     return sum(count for _, _, count in chunks) / (time.perf_counter() - start)
+  return steps_per_second
+
+
+def _positioned_runner(dataset_fn, name: str, num_shards: int):
+  """A callable timing positioned closures as the runtime runs them: chunks from the
+  input's ledger, handed out in `--workers` lanes, each worker's closure reading through
+  its own resuming reader (`PositionedInput.read`); the workers take turns, as equally
+  fast workers do. Each call reads on from where the last stopped: steps/s."""
+  workers = [positioned.PositionedInput(dataset_fn, num_replicas_in_sync=1, what=name)
+             for _ in range(FLAGS.workers)]
+  ledger = workers[0].measure(num_shards=num_shards, steps_per_closure=FLAGS.steps_per_closure)
+
+  def closure_of(source):
+    @tf.function
+    def closure(shard, start, count):
+      reading = source.read(num_shards, shard, start)
+      total = tf.constant(0, tf.int64)
+      for _ in tf.range(count):
+        total += tf.reduce_sum(next(reading.iterator))
+      with tf.control_dependencies(reading.close(count, [total])):
+        return tf.identity(total)
+    return closure
+
+  closures = [closure_of(source) for source in workers]
+  taken = [0]
+
+  def run_next() -> int:
+    chunk = ledger.take(FLAGS.steps_per_closure, lanes=len(closures))
+    closure = closures[taken[0] % len(closures)]
+    taken[0] += 1
+    closure(tf.constant(chunk.shard, tf.int64), tf.constant(chunk.start, tf.int64),
+            tf.constant(chunk.count, tf.int32)).numpy()
+    return chunk.count
+
+  for _ in closures:  # Traced.
+    run_next()
+
+  def steps_per_second() -> float:
+    steps, closures_run, start = 0, 0, time.perf_counter()
+    while time.perf_counter() - start < FLAGS.endless_seconds or closures_run < 3:
+      steps += run_next()
+      closures_run += 1
+    return steps / (time.perf_counter() - start)
   return steps_per_second
 
 
@@ -192,17 +240,15 @@ def measure(name: str, dataset_fn) -> dict:
   num_shards = positioned.default_num_shards(total, FLAGS.steps_per_closure)
   chunks = _sampled_chunks(dataset_fn, num_shards)
   endless = _endless_runner(dataset_fn)
-  positioned_ = _positioned_runner(lambda s, start: source.chunk(num_shards, s, start), chunks)
+  positioned_ = _positioned_runner(dataset_fn, name, num_shards)
   # Taking turns, medians: the two cores are shared, and the load moves within seconds.
   turns = [(endless(), positioned_())
            for _ in range(1 if source.cost_warning else FLAGS.rounds)]
   row = {"form": name, "shards": num_shards, "chunks": len(chunks),
          "endless": statistics.median(e for e, _ in turns),
          "positioned": statistics.median(p for _, p in turns)}
-  if FLAGS.plain_skip and source.cost_warning:  # Positioned is the plain skip.
-    row["plain_skip"] = row["positioned"]
-  elif FLAGS.plain_skip:  # Once: it reads the other shards, seconds a chunk.
-    row["plain_skip"] = _positioned_runner(
+  if FLAGS.plain_skip:  # Once: it reads the other shards, seconds a chunk.
+    row["plain_skip"] = _chunk_runner(
         lambda s, start: dataset_fn(_context(num_shards, s)).skip(start), chunks)()
   row["warning"] = source.cost_warning or ""
   return row

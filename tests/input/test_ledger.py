@@ -28,20 +28,69 @@ def test_an_epoch_hands_out_every_batch_once(lengths, max_count):
   assert ledger.taken == sum(lengths) and ledger.epochs_completed == 1
 
 
-def test_chunks_stay_in_one_shard_and_shards_advance_together():
+def test_a_lane_reads_its_shard_to_the_end_and_lanes_take_turns():
   ledger = ledger_lib.InputLedger((4, 4, 4))
-  chunks = [ledger.take(3) for _ in range(6)]
-  assert chunks == [Chunk(0, 0, 3, 0), Chunk(1, 0, 3, 0), Chunk(2, 0, 3, 0),
-                    Chunk(0, 3, 1, 0), Chunk(1, 3, 1, 0), Chunk(2, 3, 1, 0)]
-  assert ledger.take(2) == Chunk(0, 0, 2, 1)  # The next epoch starts every shard again.
+  chunks = [ledger.take(3, lanes=2) for _ in range(6)]
+  # Lane 0 reads shard 0, lane 1 shard 1; then lane 0 starts shard 2, and lane 1, with no
+  # shard left to start, reads on in the one lane 0 holds.
+  assert chunks == [Chunk(0, 0, 3, 0), Chunk(1, 0, 3, 0), Chunk(0, 3, 1, 0),
+                    Chunk(1, 3, 1, 0), Chunk(2, 0, 3, 0), Chunk(2, 3, 1, 0)]
+  assert ledger.take(2, lanes=2) == Chunk(0, 0, 2, 1)  # The next epoch starts every shard again.
+
+
+def test_one_lane_reads_shard_after_shard():
+  ledger = ledger_lib.InputLedger((3, 0, 2))
+  assert [ledger.take(2) for _ in range(4)] == [
+      Chunk(0, 0, 2, 0), Chunk(0, 2, 1, 0), Chunk(2, 0, 2, 0), Chunk(0, 0, 2, 1)]
+
+
+def test_lanes_follow_the_workers_and_a_shard_let_go_waits_for_the_epoch_end():
+  ledger = ledger_lib.InputLedger((6, 6, 6, 6))
+  assert [ledger.take(2, lanes=3) for _ in range(3)] == [
+      Chunk(0, 0, 2, 0), Chunk(1, 0, 2, 0), Chunk(2, 0, 2, 0)]
+  # A worker left: the third lane's shard is let go; the lanes read the shards not
+  # started first, and the rest of shard 2 at the end of the epoch.
+  assert [ledger.take(2, lanes=2) for _ in range(9)] == [
+      Chunk(0, 2, 2, 0), Chunk(1, 2, 2, 0), Chunk(0, 4, 2, 0), Chunk(1, 4, 2, 0),
+      Chunk(3, 0, 2, 0), Chunk(2, 2, 2, 0), Chunk(3, 2, 2, 0), Chunk(2, 4, 2, 0),
+      Chunk(3, 4, 2, 0)]
+
+
+def test_a_loops_tail_takes_a_fresh_shards_head_and_keeps_the_lanes_aligned():
+  ledger = ledger_lib.InputLedger((8, 8, 8, 8))
+  # A loop of 10 steps in chunks of 4: 4 + 4 + a tail of 2, which would cut lane 0's shard.
+  assert [ledger.take(4, lanes=2), ledger.take(4, lanes=2), ledger.take(2, lanes=2, tail=True)
+          ] == [Chunk(0, 0, 4, 0), Chunk(1, 0, 4, 0), Chunk(2, 0, 2, 0)]
+  # The lanes read on, whole chunks to their shards' ends; shard 2's rest comes last.
+  assert [ledger.take(4, lanes=2) for _ in range(7)] == [
+      Chunk(1, 4, 4, 0), Chunk(0, 4, 4, 0), Chunk(3, 0, 4, 0), Chunk(2, 2, 4, 0),
+      Chunk(3, 4, 4, 0), Chunk(2, 6, 2, 0), Chunk(0, 0, 4, 1)]
+  # A tail that ends its lane's shard reads on in it.
+  ledger = ledger_lib.InputLedger((3, 4))
+  ledger.take(2)
+  assert ledger.take(1, tail=True) == Chunk(0, 2, 1, 0)
+  # A tail after a lane's shard ended does not give the lane the shard it starts.
+  ledger = ledger_lib.InputLedger((4, 4, 4))
+  assert [ledger.take(4), ledger.take(2, tail=True), ledger.take(4), ledger.take(4)] == [
+      Chunk(0, 0, 4, 0), Chunk(1, 0, 2, 0), Chunk(2, 0, 4, 0), Chunk(1, 2, 2, 0)]
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 3, 5])
+def test_every_batch_once_in_any_number_of_lanes(lanes):
+  ledger = ledger_lib.InputLedger((7, 3, 0, 4, 9))
+  seen = {}
+  while ledger.taken < ledger.batches_per_epoch:
+    chunk = ledger.take(2 if ledger.taken % 5 else 1, lanes=lanes, tail=ledger.taken % 5 == 0)
+    for batch in range(chunk.start, chunk.start + chunk.count):
+      seen[(chunk.shard, batch)] = seen.get((chunk.shard, batch), 0) + 1
+  assert seen == {(s, b): 1 for s, n in enumerate(ledger.lengths) for b in range(n)}
 
 
 def test_a_loop_takes_exactly_its_steps_across_shard_ends():
   ledger = ledger_lib.InputLedger((5, 5))
   chunks = fakes.take_steps(ledger, 8, max_chunk=4)
-  assert chunks == [Chunk(0, 0, 4, 0), Chunk(1, 0, 4, 0)]
-  assert fakes.take_steps(ledger, 3, max_chunk=4) == [Chunk(0, 4, 1, 0), Chunk(1, 4, 1, 0),
-                                                 Chunk(0, 0, 1, 1)]
+  assert chunks == [Chunk(0, 0, 4, 0), Chunk(0, 4, 1, 0), Chunk(1, 0, 3, 0)]
+  assert fakes.take_steps(ledger, 3, max_chunk=4) == [Chunk(1, 3, 2, 0), Chunk(0, 0, 1, 1)]
 
 
 def test_state_round_trips_and_resumes_where_it_was():
@@ -65,3 +114,9 @@ def test_unreadable_state_is_a_bad_checkpoint(text):
 def test_bad_lengths_are_refused(lengths):
   with pytest.raises(errors.UsageError):
     ledger_lib.InputLedger(lengths)
+
+
+@pytest.mark.parametrize("max_count,lanes", [(0, 1), (1, 0)])
+def test_a_count_or_lanes_below_one_is_refused(max_count, lanes):
+  with pytest.raises(ValueError, match="must be positive"):
+    ledger_lib.InputLedger((3,)).take(max_count, lanes=lanes)

@@ -57,6 +57,7 @@ from tfps.coordinator import step_logs
 from tfps.fast_restart import trace_cache as trace_cache_lib
 from tfps.fast_restart import warm_up
 from tfps.fast_restart import worker_functions
+from tfps.input import reader as reader_lib
 
 class ClosureKind(str, enum.Enum):
   """The train closures a loop schedules (see the module docstring); the values name
@@ -108,14 +109,13 @@ class TrainClosures:
     self._unroll, self._fast_unroll, self._what = unroll, fast_unroll, what
 
     def other_closure(train, num_steps, *source):
-      def steps():
-        iterator = make_iterator(*source)
+      def run(iterator):
         checks = closure_fence.Checks(fence, source)
         sums = step_logs.start(checks.step(lambda: train_step(iterator)), what)
         for _ in tf.range(num_steps - 1):
           sums = step_logs.add(sums, checks.step(lambda: train_step(iterator), sums), what)
         return sums
-      return warm_up.train_or_skip(train, steps)
+      return warm_up.train_or_skip(train, lambda: _read(make_iterator, source, num_steps, run))
 
     self._functions = {Kind.OTHER: tf.function(worker_functions.named(other_closure,
                                                                    "other_closure"))}
@@ -145,8 +145,7 @@ class TrainClosures:
       iterations = (full_size - peeled) // unroll
 
       def full_closure(train, *source):
-        def steps():
-          iterator = make_iterator(*source)
+        def run(iterator):
           checks = closure_fence.Checks(fence, source)
           step = lambda: train_step(iterator)
           # The first step's logs (if any) give the structure of the running sums.
@@ -158,7 +157,7 @@ class TrainClosures:
               for _ in range(unroll):
                 sums = step_logs.add(sums, checks.step(step, sums), what)
           return sums
-        return warm_up.train_or_skip(train, steps)
+        return warm_up.train_or_skip(train, lambda: _read(make_iterator, source, full_size, run))
       # TF's name for the function (in logs too), and a worker's graph cache key.
       full_closure.__name__ = worker_functions.traced(name)
       return full_closure
@@ -283,6 +282,23 @@ class TrainClosures:
       if other is not None:
         calls.append((other, (skip[0], tf.constant(1, tf.int32), *skip[1:])))
     return calls
+
+
+def _read(make_iterator: Callable[..., Any], source: tuple[Any, ...], count: Any,
+          run: Callable[[Any], Any]) -> Any:
+  """`run(iterator)` over the chunk `make_iterator(*source)` reads (`count` steps), its
+  read closed after every op of the steps (`reader.Reading`): outputs that come after it."""
+  graph = tf.compat.v1.get_default_graph()
+  mark = len(graph.get_operations())
+  reading = reader_lib.reading_of(make_iterator(*source))
+  sums = run(reading.iterator)
+  steps = [op for op in graph.get_operations()[mark:] if op._is_stateful]  # pylint: disable=protected-access
+  closed = reading.close(count, steps + [t for t in tf.nest.flatten(sums)
+                                          if isinstance(t, tf.Tensor)])
+  if not closed:
+    return sums
+  with tf.control_dependencies(closed):
+    return tf.nest.map_structure(tf.identity, sums)
 
 
 def _skip() -> tuple[tf.Tensor, ...]:

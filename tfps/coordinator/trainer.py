@@ -440,10 +440,12 @@ class PSTrainer(orbit.StandardTrainer):
       num_shards = self.ensure_ledger().num_shards
       positioned = self._positioned
       # Built on the worker, inside the closure: the chunk's position is in
-      # the closure's arguments, which a retry runs again unchanged. Its shard
-      # argument also codes the epoch and attempt (`closure_fence.shard_code`).
-      make_iterator = lambda code, start: iter(positioned.chunk(
-          num_shards, tf.math.floormod(code, num_shards), start))
+      # the closure's arguments, which a retry runs again unchanged (the
+      # worker's open reader is resumed only where it stands at that position:
+      # `input.reader`). Its shard argument also codes the epoch and attempt
+      # (`closure_fence.shard_code`).
+      make_iterator = lambda code, start: positioned.read(
+          num_shards, tf.math.floormod(code, num_shards), start)
       if self._rerun_slow_closures and self._runtime.num_workers > 1:
         self._fence = closure_fence.ClosureFence(self._runtime.strategy,
                                                  beside=self._global_step)
@@ -662,7 +664,9 @@ class PSTrainer(orbit.StandardTrainer):
         if taken >= len(sizes) and (not slack or loop.left <= allowed):
           return  # The next loop trains them: no closure for a shard's tail.
         ledger = self.ensure_ledger()
-        chunk = ledger.take(min(sizes[0] if sizes else 1, loop.left))
+        asked = sizes[0] if sizes else 1
+        chunk = ledger.take(min(asked, loop.left), lanes=self._runtime.num_workers,
+                            tail=loop.left < asked)
         size = chunk.count
         code = closure_fence.shard_code(chunk.shard, chunk.epoch, ledger.num_shards)
         source = (tf.constant(code, tf.int64), tf.constant(chunk.start, tf.int64))

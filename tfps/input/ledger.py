@@ -23,10 +23,18 @@ Why this gives every batch to training once per epoch, through faults:
 * no worker keeps a position: a worker that restarts or is left out and
   taken back reads whatever chunk it is given.
 
-Order: the next chunk comes from the shard with the fewest batches handed out
-in this epoch (lowest index first), so shards advance together and a chunk
-usually starts a shard (`start` 0), which is free to position; a chunk that
-starts inside a shard is positioned at `start` (`tfps.input.seek`).
+Order: chunks are handed out in turn to `lanes` lanes (one per worker), and
+a lane reads its shard to the end before it takes another: the lowest one
+not started, else a started one no lane holds, else, at the end of an
+epoch, one another lane holds. Closures on a worker follow one another, so
+a worker mostly gets the chunk after the one it has just read and resumes
+its open reader (`tfps.input.reader`), as TensorFlow's per-worker iterators
+read on through their own shard; any other chunk is positioned at `start`
+(`tfps.input.seek`). A loop's last, shorter request (`tail`) that would cut
+its lane's shard is served from the head of a shard not started instead,
+whose rest waits for the end of the epoch: so the lanes' chunks stay
+aligned with their shards' ends, and full-size. The lanes are not saved:
+they are only an order, and every order hands out every batch once.
 
 Pure Python (no TensorFlow): decisions are tested on their own, and the
 state is a small JSON document (`to_json`/`from_json`).
@@ -79,6 +87,8 @@ class InputLedger:
     self.positions = [0] * len(lengths)
     self.taken = 0
     self.reexecuted = 0
+    self._lanes: list[int | None] = []  # The shard each lane reads (not saved).
+    self._next_lane = 0
 
   @property
   def num_shards(self) -> int:
@@ -93,20 +103,39 @@ class InputLedger:
     """Whole epochs handed out (and, between loops, trained)."""
     return self.taken // self.batches_per_epoch
 
-  def take(self, max_count: int) -> Chunk:
-    """The next chunk: at most `max_count` batches, all from one shard."""
-    if max_count < 1:
-      raise ValueError(f"max_count ({max_count}) must be positive")
+  def take(self, max_count: int, lanes: int = 1, tail: bool = False) -> Chunk:
+    """The next chunk: at most `max_count` batches, all from one shard, for the next of
+    `lanes` lanes; `tail`: a loop's last request, shorter than its others (see the
+    module docstring)."""
+    if max_count < 1 or lanes < 1:
+      raise ValueError(f"max_count ({max_count}) and lanes ({lanes}) must be positive")
     if all(p >= n for p, n in zip(self.positions, self.lengths)):
       self.epoch += 1
       self.positions = [0] * self.num_shards
-    shard = min((s for s in range(self.num_shards) if self.positions[s] < self.lengths[s]),
-                key=lambda s: (self.positions[s], s))
+      self._lanes = []
+    if len(self._lanes) != lanes:  # Workers joined or left: lanes past the last are let go.
+      self._lanes = (self._lanes + [None] * lanes)[:lanes]
+      self._next_lane %= lanes
+    lane, self._next_lane = self._next_lane, (self._next_lane + 1) % lanes
+    shard = self._lanes[lane]
+    left = 0 if shard is None else self.lengths[shard] - self.positions[shard]
+    fresh = [s for s in range(self.num_shards) if self.positions[s] == 0 < self.lengths[s]
+             and s not in self._lanes] if tail and not 0 < left <= max_count else []
+    if fresh:  # A tail that would cut (or start) a lane's shard: a fresh head, no lane's.
+      shard = fresh[0]
+    elif not left:
+      shard = self._lanes[lane] = self._next_shard(held=set(self._lanes) - {shard})
     start = self.positions[shard]
     count = min(max_count, self.lengths[shard] - start)
     self.positions[shard] = start + count
     self.taken += count
     return Chunk(shard=shard, start=start, count=count, epoch=self.epoch)
+
+  def _next_shard(self, held: set[int | None]) -> int:
+    """The shard a lane reads next: one no other lane holds, the lowest not started
+    first, then started ones; at the end of an epoch, one another lane holds."""
+    left = [s for s in range(self.num_shards) if self.positions[s] < self.lengths[s]]
+    return min(left, key=lambda s: (s in held, self.positions[s] > 0, s))
 
   def to_json(self) -> str:
     return json.dumps({"version": _STATE_VERSION, "lengths": list(self.lengths),

@@ -5,7 +5,9 @@
 chunk of one shard inside a closure: `chunk(num_shards, shard, start)` is
 the shard's dataset from batch `start` on, built on the worker by the
 closure itself, so that its position lives in the closure's arguments and
-not in a worker's iterator.
+not in a worker's iterator. `read(...)` is how a closure reads it: the
+worker's open iterator goes on where the chunk starts if it stands there
+(`reader`), else the chunk is built.
 
 Shards: shard `s` of `S` is `dataset_fn(InputContext(S, s))` (the same
 contract as per-worker input, with shards in place of workers), or
@@ -33,6 +35,7 @@ import tensorflow as tf
 
 from tfps.input import datasets
 from tfps.input import ledger as ledger_lib
+from tfps.input import reader as reader_lib
 from tfps.input import seek
 from tfps.base import messages
 from tfps.base import errors
@@ -133,6 +136,7 @@ class PositionedInput:
       raise errors.UsageError(
           f"{what}: expected a tf.data.Dataset or a dataset_fn(input_context), "
           f"got {type(dataset).__name__}")
+    self._reader = reader_lib.ResumingReader()
     whole = self._build(1, 0)
     datasets.check_runs_on_workers(whole, what=what)
     self._total = _length(whole)  # None: endless.
@@ -189,6 +193,11 @@ class PositionedInput:
   def chunk(self, num_shards: int, shard: tf.Tensor, start: tf.Tensor) -> tf.data.Dataset:
     """Shard `shard` of `num_shards` from batch `start` on (tensors: built in a closure)."""
     return seek.skip(self._build(num_shards, shard), start)
+
+  def read(self, num_shards: int, shard: tf.Tensor, start: tf.Tensor) -> reader_lib.Reading:
+    """In a closure: the read of that chunk, resuming the worker's reader where it stands
+    there (`reader`); `close` it after the closure's steps."""
+    return self._reader.open(self.chunk(num_shards, shard, start), shard, start)
 
   def _plan(self) -> seek.Plan:
     """How chunks are positioned (`seek`): shard 1 of 2, built in a function as a closure does

@@ -1,0 +1,100 @@
+"""The resuming reader (tfps.input.reader): chunks read on from a worker's open iterator
+exactly where it stands, and nowhere else. One process, no cluster: the "worker" is
+this process's CPU device, as it is for the closures' functions on a worker."""
+
+import concurrent.futures
+
+import pytest
+import tensorflow as tf
+
+from tfps.input import positioned as positioned_lib
+from tfps.input import reader as reader_lib
+
+_SHARDS, _BATCH = 3, 4
+
+
+def _dataset_fn(ctx):
+  # A map the seek cannot pass (a filter): chunks inside a shard are skipped to, not
+  # strided, so building one reads its shard from the start, and resuming does not.
+  return (tf.data.Dataset.range(600).filter(lambda x: x % 7 != 3)
+          .shard(ctx.num_input_pipelines, ctx.input_pipeline_id).batch(_BATCH))
+
+
+def _closure(positioned, fail_after=None):
+  """A positioned closure as the runtime's: `count` steps, each the sum of a batch."""
+
+  @tf.function
+  def closure(shard, start, count):
+    reading = positioned.read(_SHARDS, shard, start)
+    sums = tf.TensorArray(tf.int64, size=count)
+    for i in tf.range(count):
+      if fail_after is not None:
+        tf.debugging.Assert(i < fail_after, ["the step failed"])
+      sums = sums.write(i, tf.reduce_sum(next(reading.iterator)))
+    sums = sums.stack()
+    with tf.control_dependencies(reading.close(count, [sums])):
+      return tf.identity(sums), tf.identity(reading.built)
+
+  return lambda shard, start, count: [
+      t.numpy() for t in closure(tf.constant(shard, tf.int64), tf.constant(start, tf.int64),
+                                 tf.constant(count))]
+
+
+def _expected(shard, start, count):
+  ctx = tf.distribute.InputContext(num_input_pipelines=_SHARDS, input_pipeline_id=shard)
+  return [int(tf.reduce_sum(b)) for b in _dataset_fn(ctx).skip(start).take(count)]
+
+
+@pytest.fixture(scope="module")
+def positioned():
+  return positioned_lib.PositionedInput(_dataset_fn, num_replicas_in_sync=1, what="test input")
+
+
+def test_a_chunk_that_starts_where_the_last_ended_resumes_and_reads_the_same(positioned):
+  read = _closure(positioned)
+  chunks = [(1, 0, 5), (1, 5, 5), (1, 10, 3), (2, 0, 4), (2, 4, 6), (1, 13, 2)]
+  built = []
+  for shard, start, count in chunks:
+    sums, was_built = read(shard, start, count)
+    assert list(sums) == _expected(shard, start, count), (shard, start, count)
+    built.append(bool(was_built))
+  # Only a new shard's first chunk, and a shard taken up again, build an iterator.
+  assert built == [True, False, False, True, False, True]
+
+
+def test_a_chunk_elsewhere_in_the_shard_is_built_where_it_starts(positioned):
+  read = _closure(positioned)
+  read(0, 0, 4)
+  for shard, start, count in [(0, 6, 3), (0, 2, 2), (0, 5, 3)]:  # Ahead, back, ahead.
+    sums, was_built = read(shard, start, count)
+    assert was_built and list(sums) == _expected(shard, start, count)
+
+
+def test_a_closure_that_fails_part_way_leaves_no_position_and_no_lock(positioned):
+  read, failing = _closure(positioned), _closure(positioned, fail_after=2)
+  read(2, 0, 3)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="the step failed"):
+    failing(2, 3, 4)  # Read 2 batches of its chunk, then failed.
+  # Run again (as TensorFlow retries it): built at its start, not resumed 2 batches on;
+  # and the failed run's lock was let go (a wait here would be a hang: bounded).
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    sums, was_built = pool.submit(read, 2, 3, 4).result(timeout=60)
+  assert was_built and list(sums) == _expected(2, 3, 4)
+  sums, was_built = read(2, 7, 2)
+  assert not was_built and list(sums) == _expected(2, 7, 2)
+
+
+def test_two_inputs_keep_two_readers():
+  one = positioned_lib.PositionedInput(_dataset_fn, num_replicas_in_sync=1, what="one")
+  two = positioned_lib.PositionedInput(_dataset_fn, num_replicas_in_sync=1, what="two")
+  read_one, read_two = _closure(one), _closure(two)
+  read_one(0, 0, 3)
+  read_two(1, 0, 3)
+  assert not read_one(0, 3, 2)[1] and not read_two(1, 3, 2)[1]
+
+
+def test_a_plain_iterator_reads_as_it_is():
+  iterator = iter(tf.data.Dataset.range(3))
+  reading = reader_lib.reading_of(iterator)
+  assert reading.iterator is iterator and reading.close(3, []) == []
+  assert reader_lib.reading_of(reading) is reading
