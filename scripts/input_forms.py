@@ -21,10 +21,10 @@ of a batch) so that reading is all there is:
   chunk of `--sampled_shards` shards taken from the middle, at most
   `--chunks_per_shard` of them spread over the shard; unless `--noplain_skip`.
 
-Endless and positioned take `--rounds` turns of about `--endless_seconds`
-each, and the medians are printed (one turn for a form the runtime warns
-about). Prints a markdown table (steps/s and positioned ÷ endless) and one
-JSON line.
+Endless then positioned take `--rounds` turns of about `--endless_seconds`
+each (a positioned turn runs on to a shard's end), and the medians are
+printed (one turn for a form the runtime warns about). Prints a markdown
+table (steps/s and positioned ÷ endless) and one JSON line.
 The file forms write their files first (`--records`, under a temp dir, removed).
 """
 
@@ -197,21 +197,25 @@ def _positioned_runner(dataset_fn, name: str, num_shards: int):
   closures = [closure_of(source) for source in workers]
   taken = [0]
 
-  def run_next() -> int:
+  def run_next() -> tuple[int, bool]:
+    """Runs the next chunk: (its steps, whether it ended its shard)."""
     chunk = ledger.take(FLAGS.steps_per_closure, lanes=len(closures))
     closure = closures[taken[0] % len(closures)]
     taken[0] += 1
     closure(tf.constant(chunk.shard, tf.int64), tf.constant(chunk.start, tf.int64),
             tf.constant(chunk.count, tf.int32)).numpy()
-    return chunk.count
+    return chunk.count, chunk.start + chunk.count == ledger.lengths[chunk.shard]
 
-  for _ in closures:  # Traced.
+  for _ in range(2 * len(closures)):  # Traced, and each reader made.
     run_next()
 
   def steps_per_second() -> float:
-    steps, closures_run, start = 0, 0, time.perf_counter()
-    while time.perf_counter() - start < FLAGS.endless_seconds or closures_run < 3:
-      steps += run_next()
+    # Whole shards: a turn ends at a shard's end, so that it holds its share of builds.
+    steps, closures_run, start, shard_ended = 0, 0, time.perf_counter(), False
+    while (time.perf_counter() - start < FLAGS.endless_seconds or closures_run < 3
+           or not shard_ended):
+      count, shard_ended = run_next()
+      steps += count
       closures_run += 1
     return steps / (time.perf_counter() - start)
   return steps_per_second
@@ -239,11 +243,15 @@ def measure(name: str, dataset_fn) -> dict:
   total = _length(dataset_fn(_context(1, 0)))
   num_shards = positioned.default_num_shards(total, FLAGS.steps_per_closure)
   chunks = _sampled_chunks(dataset_fn, num_shards)
+  rounds = 1 if source.cost_warning else FLAGS.rounds
+  # Endless turns first, then positioned ones, not taking turns: a positioned closure that
+  # builds its chunk right after the endless reader's closure ran in this process took
+  # ~1.8 s, as long as its first trace (2026-11-29: cause not found; a worker runs one
+  # reader's closures one after another).
   endless = _endless_runner(dataset_fn)
+  endless_turns = [endless() for _ in range(rounds)]
   positioned_ = _positioned_runner(dataset_fn, name, num_shards)
-  # Taking turns, medians: the two cores are shared, and the load moves within seconds.
-  turns = [(endless(), positioned_())
-           for _ in range(1 if source.cost_warning else FLAGS.rounds)]
+  turns = list(zip(endless_turns, [positioned_() for _ in range(rounds)]))
   row = {"form": name, "shards": num_shards, "chunks": len(chunks),
          "endless": statistics.median(e for e, _ in turns),
          "positioned": statistics.median(p for _, p in turns)}

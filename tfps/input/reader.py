@@ -32,7 +32,7 @@ a lock and reads a small table on its own worker.
 """
 
 import dataclasses
-import random
+import secrets
 from typing import Any, Sequence
 
 import tensorflow as tf
@@ -71,9 +71,11 @@ class ResumingReader:
   """Builds, inside a closure, the read of a chunk that resumes the worker's reader."""
 
   def __init__(self, name: str = "input"):
-    # Names this input's resources on every worker: drawn here, kept in each trace.
-    self._prefix = f"tfps_reader_{name}_{random.getrandbits(62):016x}"
+    # Names this input's resources on every worker: drawn here (not from `random`, which
+    # an experiment may seed: two coordinators would draw the same), kept in each trace.
+    self._prefix = f"tfps_reader_{name}_{secrets.randbits(62):016x}"
 
+  @tf.autograph.experimental.do_not_convert  # Graph ops only: nothing for autograph to do.
   def open(self, dataset: tf.data.Dataset, shard: tf.Tensor, start: tf.Tensor) -> Reading:
     """The read of `dataset` (the chunk from `start` of shard `shard`, to the shard's end).
 
