@@ -77,8 +77,11 @@ def test_a_closure_that_fails_part_way_leaves_no_position_and_no_lock(positioned
     failing(2, 3, 4)  # Read 2 batches of its chunk, then failed.
   # Run again (as TensorFlow retries it): built at its start, not resumed 2 batches on;
   # and the failed run's lock was let go (a wait here would be a hang: bounded).
-  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+  pool = concurrent.futures.ThreadPoolExecutor(1)
+  try:
     sums, was_built = pool.submit(read, 2, 3, 4).result(timeout=60)
+  finally:
+    pool.shutdown(wait=False)  # A hung read fails the test; it does not hold it.
   assert was_built and list(sums) == _expected(2, 3, 4)
   sums, was_built = read(2, 7, 2)
   assert not was_built and list(sums) == _expected(2, 7, 2)
@@ -98,3 +101,20 @@ def test_a_plain_iterator_reads_as_it_is():
   reading = reader_lib.reading_of(iterator)
   assert reading.iterator is iterator and reading.close(3, []) == []
   assert reader_lib.reading_of(reading) is reading
+
+
+def test_a_lookup_table_made_in_the_dataset_fn_serves_resumed_chunks():
+  """A user's dataset_fn that builds its own table: the open iterator outlives the closure
+  that made it, and later closures read on through the same table."""
+
+  def dataset_fn(ctx):
+    keys = tf.range(600, dtype=tf.int64)
+    table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(keys, keys * 10), -1)
+    return _dataset_fn(ctx).map(table.lookup)
+
+  positioned = positioned_lib.PositionedInput(dataset_fn, num_replicas_in_sync=1, what="table")
+  read = _closure(positioned)
+  for start, built in [(0, True), (5, False), (10, False)]:
+    sums, was_built = read(1, start, 5)
+    assert bool(was_built) == built
+    assert list(sums) == [10 * s for s in _expected(1, start, 5)]

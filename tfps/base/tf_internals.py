@@ -255,6 +255,12 @@ def graph_function_def(graph: tf.Graph, name: str):
   return None if function is None else function.cached_definition
 
 
+def stateful_ops_since(graph: tf.Graph, mark: int) -> list[tf.Operation]:
+  """The ops with side effects made in `graph` after its first `mark` ops (a control
+  flow op counts as one: its body's ops are inside it)."""
+  return [op for op in graph.get_operations()[mark:] if op._is_stateful]  # pylint: disable=protected-access
+
+
 def create_op_like(op: tf.Operation, inputs: Sequence[tf.Tensor]) -> tf.Tensor:
   """A new op of `op`'s type and attributes (functions included) on `inputs`; its output."""
   new = op.graph._create_op_internal(  # pylint: disable=protected-access

@@ -20,6 +20,8 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
+from tfps.base import tf_internals
+
 SLOTS = 4096
 CHECK_EVERY = 10
 _START_BITS = 32  # A shard's batches fit in 2**32.
@@ -102,8 +104,7 @@ class Checks:
     if self._count % CHECK_EVERY:
       self._count += 1
       return run()
-    ops = graph.get_operations()
-    since = [op for op in ops[self._mark:] if op._is_stateful]  # pylint: disable=protected-access
+    since = tf_internals.stateful_ops_since(graph, self._mark)
     gate = self._fence.check(*self._source, after=since + [
         t for t in tf.nest.flatten(after) if isinstance(t, tf.Tensor)])
     self._mark = len(graph.get_operations())

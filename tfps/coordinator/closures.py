@@ -292,7 +292,7 @@ def _read(make_iterator: Callable[..., Any], source: tuple[Any, ...], count: Any
   mark = len(graph.get_operations())
   reading = reader_lib.reading_of(make_iterator(*source))
   sums = run(reading.iterator)
-  steps = [op for op in graph.get_operations()[mark:] if op._is_stateful]  # pylint: disable=protected-access
+  steps = tf_internals.stateful_ops_since(graph, mark)
   closed = reading.close(count, steps + [t for t in tf.nest.flatten(sums)
                                           if isinstance(t, tf.Tensor)])
   if not closed:

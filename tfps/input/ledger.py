@@ -119,10 +119,9 @@ class InputLedger:
     lane, self._next_lane = self._next_lane, (self._next_lane + 1) % lanes
     shard = self._lanes[lane]
     left = 0 if shard is None else self.lengths[shard] - self.positions[shard]
-    fresh = [s for s in range(self.num_shards) if self.positions[s] == 0 < self.lengths[s]
-             and s not in self._lanes] if tail and not 0 < left <= max_count else []
-    if fresh:  # A tail that would cut (or start) a lane's shard: a fresh head, no lane's.
-      shard = fresh[0]
+    fresh = self._fresh_shard() if tail and not 0 < left <= max_count else None
+    if fresh is not None:  # A tail that would cut (or start) a lane's shard: no lane's.
+      shard = fresh
     elif not left:
       shard = self._lanes[lane] = self._next_shard(held=set(self._lanes) - {shard})
     start = self.positions[shard]
@@ -130,6 +129,11 @@ class InputLedger:
     self.positions[shard] = start + count
     self.taken += count
     return Chunk(shard=shard, start=start, count=count, epoch=self.epoch)
+
+  def _fresh_shard(self) -> int | None:
+    """The lowest shard not started that no lane holds, if any."""
+    return next((s for s in range(self.num_shards)
+                 if self.positions[s] == 0 < self.lengths[s] and s not in self._lanes), None)
 
   def _next_shard(self, held: set[int | None]) -> int:
     """The shard a lane reads next: one no other lane holds, the lowest not started

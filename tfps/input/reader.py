@@ -70,10 +70,10 @@ def reading_of(value: Any) -> Reading:
 class ResumingReader:
   """Builds, inside a closure, the read of a chunk that resumes the worker's reader."""
 
-  def __init__(self, name: str = "input"):
+  def __init__(self):
     # Names this input's resources on every worker: drawn here (not from `random`, which
     # an experiment may seed: two coordinators would draw the same), kept in each trace.
-    self._prefix = f"tfps_reader_{name}_{secrets.randbits(62):016x}"
+    self._prefix = f"tfps_reader_{secrets.randbits(62):016x}"
 
   @tf.autograph.experimental.do_not_convert  # Graph ops only: nothing for autograph to do.
   def open(self, dataset: tf.data.Dataset, shard: tf.Tensor, start: tf.Tensor) -> Reading:
