@@ -10,8 +10,9 @@ of a batch) so that reading is all there is:
   iterator per worker, part 0 of `--workers`), in closures of
   `--steps_per_closure` steps;
 * positioned: chunks as the runtime reads them: handed out by the input's
-  ledger (the shards tfps makes by default) in `--workers` lanes, each
-  closure a `tf.function` that reads its chunk through its worker's resuming
+  ledger (the shards tfps makes by default: about a closure each, or one
+  per worker for a form whose shards each read all the data) in `--workers`
+  lanes, each closure a `tf.function` that reads its chunk through its worker's resuming
   reader (`PositionedInput.read`: it reads on where the last chunk ended,
   else builds the chunk's iterator); the workers take turns, as equally fast
   workers do. Timed from the start of the epoch on, so the shards' first
@@ -23,7 +24,7 @@ of a batch) so that reading is all there is:
 
 Endless then positioned take `--rounds` turns of about `--endless_seconds`
 each (a positioned turn runs on to a shard's end), and the medians are
-printed (one turn for a form the runtime warns about). Prints a markdown
+printed. Prints a markdown
 table (steps/s and positioned ÷ endless) and one JSON line.
 The file forms write their files first (`--records`, under a temp dir, removed).
 """
@@ -186,7 +187,7 @@ def _positioned_runner(dataset_fn, name: str, num_shards: int):
   def closure_of(source):
     @tf.function
     def closure(shard, start, count):
-      reading = source.read(num_shards, shard, start)
+      reading = source.read(ledger.lengths, shard, start, lanes=FLAGS.workers)
       total = tf.constant(0, tf.int64)
       for _ in tf.range(count):
         total += tf.reduce_sum(next(reading.iterator))
@@ -240,10 +241,10 @@ def _sampled_chunks(dataset_fn, num_shards: int) -> list[tuple[int, int, int]]:
 
 def measure(name: str, dataset_fn) -> dict:
   source = positioned.PositionedInput(dataset_fn, num_replicas_in_sync=1, what=name)
-  total = _length(dataset_fn(_context(1, 0)))
-  num_shards = positioned.default_num_shards(total, FLAGS.steps_per_closure)
+  num_shards = source.measure(num_shards=None, steps_per_closure=FLAGS.steps_per_closure,
+                              num_workers=FLAGS.workers).num_shards  # As the runtime's.
   chunks = _sampled_chunks(dataset_fn, num_shards)
-  rounds = 1 if source.cost_warning else FLAGS.rounds
+  rounds = FLAGS.rounds
   # Endless turns first, then positioned ones, not taking turns: a positioned closure that
   # builds its chunk right after the endless reader's closure ran in this process took
   # ~1.8 s, as long as its first trace (2026-11-29: cause not found; a worker runs one

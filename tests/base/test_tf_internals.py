@@ -151,3 +151,30 @@ def test_a_datasets_ops_can_be_read_and_rebuilt_in_a_graph():
     positioned = tf.data.experimental.from_variant(top, dataset.element_spec)
     return positioned.reduce(tf.constant(0, tf.int64), lambda total, b: total + tf.reduce_sum(b))
   assert int(rebuilt()) == sum(2 * x for x in range(4, 10)), _moved("create_op_like")
+
+
+def test_a_closures_arguments_output_and_function_are_where_tfps_reads_and_swaps_them():
+  from tensorflow.python.distribute.coordinator import cluster_coordinator as cc  # pylint: disable=import-outside-toplevel
+
+  queue = cc._CoordinatedClosureQueue()  # pylint: disable=protected-access
+  add = tf.function(lambda x: x + 1)
+  closures = [cc.Closure(add, queue._cancellation_mgr, args=(tf.constant(i),))  # pylint: disable=protected-access
+              for i in range(2)]
+  outputs = [c.build_output_remote_value() for c in closures]
+  moved = _moved("closure_arguments, closure_output, closure_function")
+  assert tf_internals.closure_output(closures[0]) is outputs[0], moved
+  assert int(tf_internals.closure_arguments(closures[1])[0]) == 1, moved
+  assert tf_internals.closure_function(closures[0]) is tf_internals.closure_function(
+      closures[1]), moved  # One trace for one signature: chunks of one kind swap.
+  coordinator = type("Coordinator", (), {})()
+  coordinator._cluster = type("Cluster", (), {"closure_queue": queue, "workers": []})()  # pylint: disable=protected-access
+  attempts = tf_internals.ClosureAttempts(coordinator, clock=lambda: 0.0)
+  try:
+    for closure in closures:
+      queue.put(closure)
+    taken = queue.get(timeout=10)
+    assert attempts.swap_arguments(taken, lambda queued: 0), _moved("swap_arguments")
+    assert int(tf_internals.closure_arguments(taken)[0]) == 1
+    assert int(tf_internals.closure_arguments(queue.get(timeout=10))[0]) == 0
+  finally:
+    attempts.close()

@@ -7,6 +7,7 @@ import pytest
 
 from tfps.cluster import spec as spec_lib
 from tfps.cluster.readiness import Answer
+from tfps.cluster import processes
 from tfps.coordinator import ps_deadline
 
 from tests.support import fakes
@@ -24,7 +25,7 @@ def _answers(reachable, refused=frozenset()):
               else Answer.SILENT) for t in (PS0, PS1, W0)}
 
 
-def _run_until_overdue(answers, state_lost=None, interval=0.01):
+def _run_until_overdue(answers, state_lost=None, interval=0.01, connecting=False):
   """Runs the thread against `answers` (one reachable set, or answers, per probe round)."""
   clock = fakes.FakeClock()
   fired = threading.Event()
@@ -42,7 +43,7 @@ def _run_until_overdue(answers, state_lost=None, interval=0.01):
     fired.set()
 
   with ps_deadline.PsDeadline(CLUSTER, 12, interval=interval, probe=probe, on_overdue=on_overdue,
-                              clock=clock, state_lost=state_lost):
+                              clock=clock, state_lost=state_lost, connecting=connecting):
     assert fired.wait(timeout=10), "the deadline never fired"
   return messages
 
@@ -103,3 +104,26 @@ def test_a_ps_back_at_once_but_empty_is_lost_at_the_next_probe():
   lost = lambda task: "ps:0 lost its variables (it restarted, or is down)" if task == PS0 else None
   (message,) = _run_until_overdue([{PS0, PS1, W0}] * 3, state_lost=lost)
   assert message.startswith("lost the cluster: ps:0 lost its variables"), message
+
+
+def test_while_connecting_a_worker_that_went_away_ends_the_connect_naming_it():
+  """TF's connect waits for every task with no deadline: a worker killed during it."""
+  (message,) = _run_until_overdue([_answers({PS0, PS1}, refused={W0})] * 3, connecting=True)
+  assert "worker:0 (10.213.0.5:2222) refused connections 2 times in a row" in message
+  assert "TensorFlow's connect would wait for it" in message
+
+
+def test_after_the_connect_a_worker_that_went_away_is_not_the_deadlines_business():
+  fired = []
+  clock = fakes.FakeClock()
+  rounds = []
+
+  def probe(tasks):
+    rounds.append(1)
+    clock.now += 5
+    return _answers({PS0, PS1}, refused={W0})
+
+  with ps_deadline.PsDeadline(CLUSTER, 12, interval=0.01, probe=probe, on_overdue=fired.append,
+                              clock=clock):
+    processes.wait_until(lambda: len(rounds) >= 5, timeout=10, what="5 probe rounds")
+  assert not fired  # TF puts its closures back; the loop goes on.

@@ -4,7 +4,9 @@ import time
 
 import portpicker
 import pytest
+import tensorflow as tf
 
+from tfps.base import errors
 from tfps.cluster import readiness
 from tfps.cluster import spec as spec_lib
 from tfps.coordinator import strategy as strategy_lib
@@ -26,3 +28,32 @@ def test_elastic_workers_are_waited_for_no_longer_than_their_own_timeout(grpc_se
   assert time.monotonic() - start < 30  # The worker's 1 s, and probing; not 600 s.
   assert raised.value.unreachable == (spec_lib.TaskId(spec_lib.JobType.WORKER, 0),)
   assert raised.value.exit_code.retryable
+
+
+def test_tensorflows_connect_runs_inside_the_watch_once_every_task_answered(monkeypatch):
+  # The watch (ps_deadline.PsDeadline(connecting=True)) holds every task to a deadline
+  # while TF connects: TF waits for each task with none. Here TF's connect fails at once.
+  cluster = spec_lib.ClusterSpec.from_dict({
+      job: [f"127.0.0.1:{portpicker.pick_unused_port()}"] for job in ("chief", "ps", "worker")})
+  seen = []
+  monkeypatch.setattr(readiness, "wait_until_reachable",
+                      lambda cluster, timeout, tasks: seen.append("answered"))
+
+  class Watch:
+    def __init__(self, watched):
+      seen.append(("watch", watched.num_tasks(spec_lib.JobType.WORKER)))
+
+    def __enter__(self):
+      seen.append("in")
+
+    def __exit__(self, *exc):
+      seen.append("out")
+
+  def connect(*args, **kwargs):
+    seen.append("connect")
+    raise tf.errors.UnavailableError(None, None, "worker:0 went away")
+
+  monkeypatch.setattr(tf.distribute.experimental, "ParameterServerStrategy", connect)
+  with pytest.raises(errors.RetryableError, match="could not connect"):
+    strategy_lib.connect(cluster, ready_timeout=30, watch=Watch)
+  assert seen == ["answered", ("watch", 1), "in", "connect", "out"]

@@ -69,10 +69,24 @@ def test_a_loops_tail_takes_a_fresh_shards_head_and_keeps_the_lanes_aligned():
   ledger = ledger_lib.InputLedger((3, 4))
   ledger.take(2)
   assert ledger.take(1, tail=True) == Chunk(0, 2, 1, 0)
-  # A tail after a lane's shard ended does not give the lane the shard it starts.
+  # A tail after a lane's shard ended does not give the lane the shard it starts, nor
+  # take the one the lane's reader reads on into (1).
   ledger = ledger_lib.InputLedger((4, 4, 4))
   assert [ledger.take(4), ledger.take(2, tail=True), ledger.take(4), ledger.take(4)] == [
-      Chunk(0, 0, 4, 0), Chunk(1, 0, 2, 0), Chunk(2, 0, 4, 0), Chunk(1, 2, 2, 0)]
+      Chunk(0, 0, 4, 0), Chunk(2, 0, 2, 0), Chunk(1, 0, 4, 0), Chunk(2, 2, 2, 0)]
+
+
+def test_a_lane_takes_the_shard_its_reader_reads_on_into():
+  ledger = ledger_lib.InputLedger((4, 2, 2, 2, 2))
+  # Lane 1 ends shard 1 first: it takes shard 3 (where a reader built for shard 1 of a
+  # lane of 2 reads on), not the lowest not started (2), which lane 0 then reads on into.
+  assert [ledger.take(2, lanes=2) for _ in range(5)] == [
+      Chunk(0, 0, 2, 0), Chunk(1, 0, 2, 0), Chunk(0, 2, 2, 0), Chunk(3, 0, 2, 0),
+      Chunk(2, 0, 2, 0)]
+  # A loop's tail takes a fresh head that no lane reads on into next (4, not 2 or 3).
+  ledger = ledger_lib.InputLedger((8, 8, 8, 8, 8))
+  assert [ledger.take(4, lanes=2), ledger.take(4, lanes=2), ledger.take(2, lanes=2, tail=True)
+          ] == [Chunk(0, 0, 4, 0), Chunk(1, 0, 4, 0), Chunk(4, 0, 2, 0)]
 
 
 @pytest.mark.parametrize("lanes", [1, 2, 3, 5])

@@ -354,6 +354,20 @@ def test_each_chunk_is_its_slice_of_the_shard_and_an_epoch_every_id_once(tmp_pat
   assert sorted(seen) == list(range(examples))
 
 
+@pytest.mark.parametrize("form,shards", [("tfrecord.shard.batch", 3), ("text.shard.batch", 3),
+                                         ("range.batch.shard", 3), ("range.shard.batch", 41),
+                                         ("files.shard.interleave", 41)])
+def test_a_form_whose_shards_each_read_all_the_data_gets_one_shard_per_worker(
+    tmp_path, form, shards):
+  """Each worker then reads on through its own, as TF's per-worker input does; shards of a
+  closure each would read all the data once a closure."""
+  source = positioned_lib.PositionedInput(_chunk_forms(tmp_path, 203)[form],
+                                          num_replicas_in_sync=1, what=form)
+  assert source.reads_all_shards == (shards == 3)
+  assert source.measure(num_shards=None, steps_per_closure=1, num_workers=3).num_shards == shards
+  assert source.measure(num_shards=5, steps_per_closure=1, num_workers=3).num_shards == 5
+
+
 def test_shard_lengths_are_counted_where_tf_data_does_not_know_them():
   built = []
 

@@ -16,6 +16,7 @@ the one the suite runs on); `check_version` says so when another is loaded.
 
 import os
 import threading
+import weakref
 from typing import Any, Sequence
 
 import tensorflow as tf
@@ -336,6 +337,22 @@ def _put_back_first(queue, closure) -> None:
 
 # -- closures taken off a slow worker (coordinator.speculation) -------------------------------
 
+def closure_arguments(closure) -> tuple:
+  """A scheduled closure's arguments, as it would be called now."""
+  return tuple(closure._args)  # pylint: disable=protected-access
+
+
+def closure_output(closure):
+  """The `RemoteValue` `schedule` returned for `closure` (None if nobody holds it)."""
+  ref = closure._output_remote_value_ref  # pylint: disable=protected-access
+  return ref() if ref is not None else None
+
+
+def closure_function(closure):
+  """The function a scheduled closure calls (its concrete function, if traced)."""
+  return getattr(closure, "_concrete_function", None) or closure._function  # pylint: disable=protected-access
+
+
 class ClosureAttempt:
   """One worker's run of one closure: `closure`, `worker_index`, its `task_index` in
   the cluster spec, `started` (monotonic)."""
@@ -351,14 +368,13 @@ class ClosureAttempt:
 
   @property
   def args(self) -> tuple:
-    """The closure's arguments (as scheduled)."""
-    return tuple(self.closure._args)  # pylint: disable=protected-access
+    """The closure's arguments (as it runs them: a queued closure's may be swapped)."""
+    return closure_arguments(self.closure)
 
   @property
   def output(self):
     """The `RemoteValue` `schedule` returned for the closure (None if nobody holds it)."""
-    ref = self.closure._output_remote_value_ref  # pylint: disable=protected-access
-    return ref() if ref is not None else None
+    return closure_output(self.closure)
 
 
 class ClosureAttempts:
@@ -368,15 +384,19 @@ class ClosureAttempts:
   TensorFlow's worker thread of a taken attempt goes on waiting for its
   worker; whatever that run gives when it ends (its result, its error, a put
   back after a worker failure) is dropped, so the queue and the closure's
-  output hear only of the run that replaced it. Listeners: each of `on_end`
-  hears `attempt` when a taken attempt's thread is done with it; each of
-  `on_done` hears `(attempt, seconds)` when a run succeeded.
+  output hear only of the run that replaced it. Listeners: each of `on_start`
+  hears `(worker_index, closure, first)` when a worker's thread took a closure,
+  before it runs (`first`: it never ran before; it may `swap_arguments`); each
+  of `on_end` hears `attempt` when a taken attempt's thread is done with it;
+  each of `on_done` hears `(attempt, seconds)` when a run succeeded.
   """
 
   def __init__(self, coordinator, clock):
     self._clock = clock
+    self.on_start: list = []
     self.on_end: list = []
     self.on_done: list = []
+    self._ran: weakref.WeakSet = weakref.WeakSet()  # Closures a worker thread has taken.
     self._lock = threading.Lock()
     self._local = threading.local()
     self._running: dict[int, ClosureAttempt] = {}
@@ -418,6 +438,25 @@ class ClosureAttempts:
       value._has_fetched_to_local_lock = threading.Lock()
     return True
 
+  def swap_arguments(self, closure, choose) -> bool:
+    """Gives `closure` (taken by this worker thread, not run yet) the arguments of the
+    queued closure that `choose(queued closures)` picks (an index, or None), and that
+    one `closure`'s: which worker runs which call changes, nothing else. Closures a
+    worker took before are offered as None. Only for closures of one function
+    (their arguments are of one signature)."""
+    # pylint: disable=protected-access
+    with self._queue._queue_lock:
+      waiting = self._queue._queue
+      with waiting.mutex:
+        # Only closures no worker has taken yet: a retry's draw stays where it was put.
+        queued = [q if q not in self._ran else None for q in waiting.queue]
+        index = choose(queued)
+        if index is None:
+          return False
+        other = queued[index]
+        closure._args, other._args = other._args, closure._args
+    return True
+
   def _current(self) -> ClosureAttempt | None:
     return getattr(self._local, "attempt", None)
 
@@ -433,6 +472,10 @@ class ClosureAttempts:
         # (`Executor.__del__`): a paused worker's copy held them all.
         self._local.executor = executor_lib.new_executor(enable_async=False)
         context_lib.context().executor = self._local.executor
+      first = closure not in self._ran
+      self._ran.add(closure)
+      for listener in self.on_start:
+        listener(worker.worker_index, closure, first)
       attempt = ClosureAttempt(closure, worker.worker_index,
                                int(worker.device_name.rsplit("task:", 1)[1].split("/")[0]),
                                self._clock())

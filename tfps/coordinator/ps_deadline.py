@@ -56,11 +56,11 @@ RECHECK_SECONDS = 0.2
 INTERVAL_SECONDS = 0.5
 
 
-def _exit_lost(message: str) -> None:
+def _exit_lost(message: str, kind: policy.FailureKind = policy.FailureKind.PS_LOST) -> None:
   """Ends this process at once with the retryable 'lost the cluster' code."""
   # The supervisor puts this in the event log; stderr may lose the line, as
   # its filter thread dies with the process.
-  exit_report.write(policy.FailureKind.PS_LOST.value, message)
+  exit_report.write(kind.value, message)
   sys.stderr.write(f"tfps: error: {message}\n")
   sys.stderr.flush()
   logging.flush()
@@ -78,19 +78,27 @@ class PsDeadline:
                interval: float = INTERVAL_SECONDS, refusals: int = 2,
                probe: Callable[[list[spec_lib.TaskId]], dict] | None = None,
                state_lost: Callable[[spec_lib.TaskId], str | None] | None = None,
-               on_overdue: Callable[[str], None] = _exit_lost,
-               clock: Callable[[], float] = time.monotonic):
+               on_overdue: Callable[[str], None] | None = None,
+               clock: Callable[[], float] = time.monotonic, connecting: bool = False):
     """`probe(tasks)`: each task's `readiness.Answer`; `state_lost(ps)`: why an
-    answering ps no longer holds its state (None: it does)."""
+    answering ps no longer holds its state (None: it does). `connecting`: around
+    TensorFlow's connect, which waits for every task it was given with no deadline
+    (a worker killed in the middle of it held a coordinator ~20 s, until its
+    supervisor killed it): the workers are held to it too, and the restart that
+    follows leaves a worker that does not come back out."""
     self._cluster = cluster
     self._ps = [t for t in cluster.tasks() if t.job == spec_lib.JobType.PS]
     self._workers = [t for t in cluster.tasks() if t.job == spec_lib.JobType.WORKER]
-    self._overdue = overdue_lib.Overdue(self._ps, timeout)
-    self._refusals = overdue_lib.Refusals(self._ps, refusals)
+    held = self._ps + self._workers if connecting else self._ps
+    self._connecting = connecting
+    self._overdue = overdue_lib.Overdue(held, timeout)
+    self._refusals = overdue_lib.Refusals(held, refusals)
     self._state_lost = state_lost or (lambda task: None)
     self._interval = interval
     self._probe = probe or (lambda tasks: readiness.answers(cluster, tasks, _PROBE_SECONDS))
-    self._on_overdue = on_overdue
+    self._on_overdue = on_overdue or (
+        (lambda message: _exit_lost(message, policy.FailureKind.CLUSTER_UNREACHABLE))
+        if connecting else _exit_lost)
     self._clock = clock
     self._stopped = threading.Event()
     self._thread = threading.Thread(target=self._run, name="ps-deadline", daemon=True)
@@ -122,7 +130,10 @@ class PsDeadline:
         # A chief whose own link is down gets every connection refused at
         # once (no route): that is this chief cut off, not the ps gone.
         why = ("no ps and no worker answers: this chief is cut off from the cluster"
-               if not reachable else "its process is gone, and its variables with it")
+               if not reachable else "its process is gone" if self._connecting
+               else "its process is gone, and its variables with it")
+        if self._connecting:
+          why += "; TensorFlow's connect would wait for it"
         self._on_overdue(
             f"lost the cluster: {names} refused connections {self._refusals.rounds} times in "
             f"a row ({why}); exiting {int(errors.ExitCode.CLUSTER_LOST)} to restart from the "

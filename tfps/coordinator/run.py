@@ -375,10 +375,13 @@ def _connect(config: CoordinatorConfig, *, every_worker: bool = False):
   checkpoints.check_writable(config.model_dir)
   factory = experiment_lib.load_factory(config.experiment)
   experiment_lib.check_params(config.experiment, config.experiment_params)
+  watch = None
+  if config.ps_timeout:  # Every task held to it while TF connects (it would wait for each).
+    watch = lambda cluster: ps_deadline.PsDeadline(cluster, config.ps_timeout, connecting=True)
   runtime = strategy_lib.connect(config.cluster, ready_timeout=config.ready_timeout,
                                  min_shard_bytes=config.min_shard_bytes,
                                  workers_ready_timeout=None if every_worker
-                                 else config.workers_ready_timeout)
+                                 else config.workers_ready_timeout, watch=watch)
   with _classified_errors("connecting"):
     sentinels = ps_state.PsSentinels(runtime.cluster)  # What each ps must keep holding.
   return factory, runtime, sentinels

@@ -30,7 +30,9 @@ edge (`tfps.commands.cli`) sets them before TensorFlow starts (GRPC_FAIL_FAST=us
 as TF's PS tutorial asks, so RPCs to a dead task fail instead of waiting).
 """
 
+import contextlib
 import dataclasses
+from typing import Any, Callable, ContextManager
 
 from absl import logging
 import tensorflow as tf
@@ -72,7 +74,9 @@ class PSRuntime:
 
 def connect(cluster: spec_lib.ClusterSpec, *, ready_timeout: float,
             min_shard_bytes: int | None = DEFAULT_MIN_SHARD_BYTES,
-            workers_ready_timeout: float | None = None) -> PSRuntime:
+            workers_ready_timeout: float | None = None,
+            watch: Callable[[spec_lib.ClusterSpec], ContextManager[Any]] | None = None
+            ) -> PSRuntime:
   """Waits for the cluster, then builds the strategy and its coordinator.
 
   Args:
@@ -82,6 +86,8 @@ def connect(cluster: spec_lib.ClusterSpec, *, ready_timeout: float,
       workers: one that does not answer is left out by the next start).
     min_shard_bytes: split variables larger than this across the ps tasks
       (at most one shard per ps); None or 0 disables partitioning.
+    watch: `watch(cluster)` is held around TensorFlow's connect, once every task
+      answered (it waits for each with no deadline): `ps_deadline.PsDeadline`.
 
   Returns:
     The connected runtime. TensorFlow allows one cluster per process: calling
@@ -116,9 +122,10 @@ def connect(cluster: spec_lib.ClusterSpec, *, ready_timeout: float,
   resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
       tf.train.ClusterSpec(cluster.as_dict()), rpc_layer="grpc")
   try:
-    strategy = tf.distribute.experimental.ParameterServerStrategy(
-        resolver, variable_partitioner=partitioner)
-    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    with watch(cluster) if watch is not None else contextlib.nullcontext():
+      strategy = tf.distribute.experimental.ParameterServerStrategy(
+          resolver, variable_partitioner=partitioner)
+      coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
   except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError) as e:
     raise errors.RetryableError(
         f"could not connect to the cluster: {type(e).__name__}: "

@@ -67,6 +67,7 @@ from tfps.cluster import readiness
 from tfps.cluster import spec as spec_lib
 from tfps.coordinator import closure_fence
 from tfps.coordinator import closures as closures_lib
+from tfps.coordinator import reader_affinity
 from tfps.coordinator import speculation as speculation_lib
 from tfps.input import datasets
 from tfps.fast_restart import failover_graphs as failover_graphs_lib
@@ -125,6 +126,10 @@ class _Loop:
   def __post_init__(self):
     if self.left < 0:
       self.left = self.steps
+
+
+# The loops after which a coordinator says how its closures read their input.
+_SAY_READS_AT = frozenset({10, 100, 1000, 10000})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,6 +261,8 @@ class PSTrainer(orbit.StandardTrainer):
     self._rerun_slow_closures = options.rerun_slow_closures
     self._fence: closure_fence.ClosureFence | None = None  # Positioned, rerunning closures.
     self.speculation: speculation_lib.Speculation | None = None  # Started at the first loop.
+    # Positioned input: closures run where their worker's reader stands (first loop on).
+    self.affinity: reader_affinity.ReaderAffinity | None = None
     self._attempts: tf_internals.ClosureAttempts | None = None  # From the first loop.
     # Closures each worker ran to success since the last loop end ("worker:1": 7).
     self._closures_done: collections.Counter[str] = collections.Counter()
@@ -325,7 +332,8 @@ class PSTrainer(orbit.StandardTrainer):
     """The ledger restored from a checkpoint, else the input measured now (once)."""
     if self.input_state.ledger is None:
       self.input_state.ledger = self._positioned.measure(
-          num_shards=self._input_shards, steps_per_closure=self._steps_per_closure)
+          num_shards=self._input_shards, steps_per_closure=self._steps_per_closure,
+          num_workers=self._runtime.num_workers)
     elif self._input_shards not in (None, self.input_state.ledger.num_shards):
       logging.warning("input_shards (%d) differs from the checkpoint's %d shards; keeping "
                       "the checkpoint's (the input's position is counted in them)",
@@ -437,15 +445,16 @@ class PSTrainer(orbit.StandardTrainer):
     if self._positioned is None:
       make_iterator = lambda iterator: iterator
     else:
-      num_shards = self.ensure_ledger().num_shards
-      positioned = self._positioned
+      ledger = self.ensure_ledger()
+      num_shards, lengths = ledger.num_shards, ledger.lengths
+      positioned, runtime = self._positioned, self._runtime
       # Built on the worker, inside the closure: the chunk's position is in
       # the closure's arguments, which a retry runs again unchanged (the
       # worker's open reader is resumed only where it stands at that position:
       # `input.reader`). Its shard argument also codes the epoch and attempt
       # (`closure_fence.shard_code`).
       make_iterator = lambda code, start: positioned.read(
-          num_shards, tf.math.floormod(code, num_shards), start)
+          lengths, tf.math.floormod(code, num_shards), start, lanes=runtime.num_workers)
       if self._rerun_slow_closures and self._runtime.num_workers > 1:
         self._fence = closure_fence.ClosureFence(self._runtime.strategy,
                                                  beside=self._global_step)
@@ -562,6 +571,10 @@ class PSTrainer(orbit.StandardTrainer):
     if self._attempts is None:
       self._attempts = tf_internals.track_closures(self._runtime.coordinator, time.monotonic)
       self._attempts.on_done.append(self._count_closure)
+      if self._positioned is not None:
+        self.affinity = reader_affinity.ReaderAffinity(
+            self._attempts, lengths=self.ensure_ledger().lengths,
+            full_size=lambda: self._closures.full_size, lanes=lambda: self._runtime.num_workers)
     if self.speculation is None and self._rerun_slow_closures and self._runtime.num_workers > 1:
       self.speculation = speculation_lib.Speculation(
           self._attempts, num_workers=self._runtime.num_workers,
@@ -673,6 +686,8 @@ class PSTrainer(orbit.StandardTrainer):
       taken += 1
       with _step_log_errors():  # Traced at the first schedule.
         remote = self._closures.schedule(coordinator, size, loop.written_out, source)
+      if chunk is not None and self.affinity is not None:
+        self.affinity.ours(remote)
       if chunk is not None and self.speculation is not None and self._fence is not None:
         self.speculation.fenced(remote)  # It checks its ticket (closure_fence).
       loop.scheduled.append((size, remote))
@@ -686,6 +701,8 @@ class PSTrainer(orbit.StandardTrainer):
     scheduled_steps = sum(size for size, _ in loop.scheduled)
     self._written_out_loops += loop.written_out
     self._fast_loops += not loop.written_out
+    if self.affinity is not None and (self._written_out_loops + self._fast_loops) in _SAY_READS_AT:
+      self.affinity.say()
     reexecuted = self._count_each_step_once(loop.start_step, scheduled_steps)
     with self._closures_lock:
       done, self._closures_done = self._closures_done, collections.Counter()

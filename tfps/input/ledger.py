@@ -24,12 +24,14 @@ Why this gives every batch to training once per epoch, through faults:
   taken back reads whatever chunk it is given.
 
 Order: chunks are handed out in turn to `lanes` lanes (one per worker), and
-a lane reads its shard to the end before it takes another: the lowest one
-not started, else a started one no lane holds, else, at the end of an
-epoch, one another lane holds. Closures on a worker follow one another, so
-a worker mostly gets the chunk after the one it has just read and resumes
-its open reader (`tfps.input.reader`), as TensorFlow's per-worker iterators
-read on through their own shard; any other chunk is positioned at `start`
+a lane reads its shard to the end before it takes another: the next
+non-empty shard `lanes` on if not started (a worker's reader reads on into
+it), else the lowest one not started, else a started one no lane holds,
+else, at the end of an epoch, one another lane holds. Closures on a worker
+follow one another, so a worker mostly gets the chunk after the one it has
+just read and resumes its open reader (`tfps.input.reader`), as
+TensorFlow's per-worker iterators read on through their own shard and
+files; any other chunk is positioned at `start`
 (`tfps.input.seek`). A loop's last, shorter request (`tail`) that would cut
 its lane's shard is served from the head of a shard not started instead,
 whose rest waits for the end of the epoch: so the lanes' chunks stay
@@ -119,25 +121,40 @@ class InputLedger:
     lane, self._next_lane = self._next_lane, (self._next_lane + 1) % lanes
     shard = self._lanes[lane]
     left = 0 if shard is None else self.lengths[shard] - self.positions[shard]
-    fresh = self._fresh_shard() if tail and not 0 < left <= max_count else None
+    fresh = self._fresh_shard(lanes) if tail and not 0 < left <= max_count else None
     if fresh is not None:  # A tail that would cut (or start) a lane's shard: no lane's.
       shard = fresh
     elif not left:
-      shard = self._lanes[lane] = self._next_shard(held=set(self._lanes) - {shard})
+      shard = self._lanes[lane] = self._next_shard(held=set(self._lanes) - {shard},
+                                                   after=shard, lanes=lanes)
     start = self.positions[shard]
     count = min(max_count, self.lengths[shard] - start)
     self.positions[shard] = start + count
     self.taken += count
     return Chunk(shard=shard, start=start, count=count, epoch=self.epoch)
 
-  def _fresh_shard(self) -> int | None:
-    """The lowest shard not started that no lane holds, if any."""
-    return next((s for s in range(self.num_shards)
-                 if self.positions[s] == 0 < self.lengths[s] and s not in self._lanes), None)
+  def _fresh_shard(self, lanes: int) -> int | None:
+    """The lowest shard not started that no lane holds, if any; one that no lane reads
+    on into next first."""
+    ahead = {self._lane_after(s, lanes) for s in self._lanes if s is not None}
+    fresh = [s for s in range(self.num_shards)
+             if self.positions[s] == 0 < self.lengths[s] and s not in self._lanes]
+    return min(fresh, key=lambda s: (s in ahead, s), default=None)
 
-  def _next_shard(self, held: set[int | None]) -> int:
-    """The shard a lane reads next: one no other lane holds, the lowest not started
-    first, then started ones; at the end of an epoch, one another lane holds."""
+  def _lane_after(self, shard: int, lanes: int) -> int | None:
+    """The next non-empty shard `lanes` on from `shard` (where a lane's reader reads on)."""
+    return next((s for s in range(shard + lanes, self.num_shards, lanes) if self.lengths[s]),
+                None)
+
+  def _next_shard(self, held: set[int | None], after: int | None, lanes: int) -> int:
+    """The shard a lane reads next: the one its reader reads on into (the next non-empty
+    shard `lanes` on from the one it finished) if not started; else one no other lane
+    holds, the lowest not started first, then started ones; at the end of an epoch, one
+    another lane holds."""
+    if after is not None:
+      on = self._lane_after(after, lanes)
+      if on is not None and self.positions[on] == 0 and on not in held:
+        return on
     left = [s for s in range(self.num_shards) if self.positions[s] < self.lengths[s]]
     return min(left, key=lambda s: (s in held, self.positions[s] > 0, s))
 

@@ -28,7 +28,7 @@ iterators as before, with one warning line (`is_endless`).
 """
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from absl import logging
 import tensorflow as tf
@@ -140,8 +140,11 @@ class PositionedInput:
     whole = self._build(1, 0)
     datasets.check_runs_on_workers(whole, what=what)
     self._total = _length(whole)  # None: endless.
+    plan = None if self._total is None else self._plan()
+    # Its shards each read all the data (a shard of records, of batches): one per worker.
+    self.reads_all_shards = plan is not None and plan.reads_all_shards
     # One line when chunks read their way to their start (said at the start, once).
-    self.cost_warning = None if self._total is None else self._plan().warning(what)
+    self.cost_warning = None if plan is None else plan.warning(what)
     if self.cost_warning:
       logging.warning("%s", self.cost_warning)
 
@@ -149,12 +152,17 @@ class PositionedInput:
   def is_endless(self) -> bool:
     return self._total is None
 
-  def measure(self, *, num_shards: int | None, steps_per_closure: int) -> ledger_lib.InputLedger:
-    """A new ledger: the shards' lengths (read on the chief; counted if tf.data cannot say)."""
+  def measure(self, *, num_shards: int | None, steps_per_closure: int,
+              num_workers: int = 1) -> ledger_lib.InputLedger:
+    """A new ledger: the shards' lengths (read on the chief; counted if tf.data cannot say).
+    `num_shards` None: about one closure a shard, or one per worker for an input whose
+    shards each read all the data (as per-worker input does, each worker reading on
+    through its own: `reader`)."""
     if self._total is None:
       raise errors.PermanentError(f"internal: {self._what} is endless and cannot be measured")
     if num_shards is None:
-      num_shards = default_num_shards(self._total, steps_per_closure)
+      num_shards = (max(1, num_workers) if self.reads_all_shards
+                    else default_num_shards(self._total, steps_per_closure))
     lengths = []
     length_of = self._shard_length_fn(num_shards)
     for shard in range(num_shards):
@@ -194,10 +202,24 @@ class PositionedInput:
     """Shard `shard` of `num_shards` from batch `start` on (tensors: built in a closure)."""
     return seek.skip(self._build(num_shards, shard), start)
 
-  def read(self, num_shards: int, shard: tf.Tensor, start: tf.Tensor) -> reader_lib.Reading:
-    """In a closure: the read of that chunk, resuming the worker's reader where it stands
-    there (`reader`); `close` it after the closure's steps."""
-    return self._reader.open(self.chunk(num_shards, shard, start), shard, start)
+  def read(self, lengths: Sequence[int], shard: tf.Tensor, start: tf.Tensor,
+           lanes: int = 1) -> reader_lib.Reading:
+    """In a closure: the read of that chunk of shard `shard` of `len(lengths)` (the
+    ledger's lengths), resuming the worker's reader where it stands there (`reader`);
+    `close` it after the closure's steps. A reader built here reads on into the next
+    shards of its lane (one of `lanes`; 0: none), as the ledger hands them out."""
+    lane = self.lane(lengths, lanes) if lanes > 0 else None
+    return self._reader.open(self.chunk(len(lengths), shard, start), shard, start, lane)
+
+  def lane(self, lengths: Sequence[int], lanes: int) -> reader_lib.Lane:
+    """What a reader reads on into after its chunk's shard, in a lane of `lanes`: each
+    shard from its first batch as a chunk is (`seek`: a strided source, not a `shard`
+    reading every shard's elements)."""
+    num_shards = len(lengths)
+    return reader_lib.Lane(
+        lengths=tuple(lengths), stride=lanes,
+        shards=lambda ids: tf.data.Dataset.from_tensor_slices(ids).flat_map(
+            lambda s: self.chunk(num_shards, s, tf.constant(0, tf.int64))))
 
   def _plan(self) -> seek.Plan:
     """How chunks are positioned (`seek`): shard 1 of 2, built in a function as a closure does

@@ -10,9 +10,14 @@ batches from an iterator kept open (docs/benchmarks.md "Input forms").
 So each worker keeps one iterator open between closures, in its own memory,
 with the position it stopped at (a shard and a batch). A closure whose chunk
 starts exactly there reads on from it; any other builds the chunk's iterator
-in its place (`seek`), as before. The ledger hands a shard's chunks out one
-after another to the same lane, and a worker's closures follow one another,
-so most chunks resume.
+in its place (`seek`), followed by the next shards of the chunk's lane
+(`Lane`): a chunk that ends its shard leaves the reader at the next one's
+first batch, as the endless iterator's interleave goes on into its next
+file. The ledger hands a lane's chunks and shards out one after another,
+and the coordinator runs each closure on the worker whose reader stands at
+its chunk where it can (`affinity`), so most chunks resume: a lane costs
+one iterator per epoch. Where the next shard is depends on the lengths in
+the graph, the ledger's, fixed for the life of a model_dir.
 
 Exactly once, still: the position is written only after the closure's last
 step, and cleared before its first read, so a closure that fails part way
@@ -33,7 +38,7 @@ a lock and reads a small table on its own worker.
 
 import dataclasses
 import secrets
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 from tensorflow.python.data.ops import iterator_ops
@@ -41,9 +46,34 @@ from tensorflow.python.data.util import structure
 from tensorflow.python.ops import gen_dataset_ops
 from tensorflow.python.ops import gen_resource_variable_ops
 
-# The table's keys: the shard the open iterator reads, and the next batch it gives.
-_SHARD, _NEXT = 0, 1
+# The table's keys: the shard the open iterator reads, the next batch it gives, and
+# the stride of the shards it reads on into after that one (`Lane`; 0: none).
+_SHARD, _NEXT, _STRIDE = 0, 1, 2
 _NONE = -1  # No position: the iterator must be built before it is read.
+
+
+@dataclasses.dataclass(frozen=True)
+class Lane:
+  """What a built iterator reads after its chunk's shard: the lane's next shards.
+
+  `lengths`: every shard's batches (the ledger's); `stride`: the lane's step
+  between shards (the number of lanes); `shards(ids)`: the dataset of those
+  shards' batches, one after the other. After shard `s`, the iterator reads
+  the non-empty shards `s + stride, s + 2 * stride, ...`, as the ledger hands
+  a lane's shards out while no other lane took them.
+  """
+
+  lengths: Sequence[int]
+  stride: int
+  shards: Callable[[tf.Tensor], tf.data.Dataset]
+
+  def after(self, shard: tf.Tensor, stride: tf.Tensor) -> tf.Tensor:
+    """The non-empty shards a lane of `stride` reads after `shard` (none if stride < 1)."""
+    lengths = tf.constant(list(self.lengths), tf.int64)
+    stride = tf.where(stride > 0, stride, len(self.lengths))  # None past the last shard.
+    count = len(self.lengths)
+    ids = tf.range(tf.minimum(shard + stride, count), count, stride, dtype=tf.int64)
+    return tf.boolean_mask(ids, tf.gather(lengths, ids) > 0)
 
 
 @dataclasses.dataclass
@@ -76,13 +106,19 @@ class ResumingReader:
     self._prefix = f"tfps_reader_{secrets.randbits(62):016x}"
 
   @tf.autograph.experimental.do_not_convert  # Graph ops only: nothing for autograph to do.
-  def open(self, dataset: tf.data.Dataset, shard: tf.Tensor, start: tf.Tensor) -> Reading:
+  def open(self, dataset: tf.data.Dataset, shard: tf.Tensor, start: tf.Tensor,
+           lane: Lane | None = None) -> Reading:
     """The read of `dataset` (the chunk from `start` of shard `shard`, to the shard's end).
 
     In a closure: takes the worker's lock, resumes its iterator if it stands at
-    (`shard`, `start`), else makes it from `dataset`.
+    (`shard`, `start`), else makes it from `dataset`, followed by `lane`'s next
+    shards if given: a chunk that ends its shard leaves the reader at the
+    first batch of the next one.
     """
     shard, start = tf.cast(shard, tf.int64), tf.cast(start, tf.int64)
+    stride = tf.constant(lane.stride if lane is not None else 0, tf.int64)
+    if lane is not None:
+      dataset = dataset.concatenate(lane.shards(lane.after(shard, stride)))
     spec = dataset.element_spec
     mutex = gen_resource_variable_ops.mutex_v2(shared_name=f"{self._prefix}_lock")
     lock = gen_resource_variable_ops.mutex_lock(mutex)
@@ -90,7 +126,7 @@ class ResumingReader:
       table = tf.raw_ops.MutableHashTableV2(
           shared_name=f"{self._prefix}_at", use_node_name_sharing=False,
           key_dtype=tf.int64, value_dtype=tf.int64)
-      keys = tf.constant([_SHARD, _NEXT], tf.int64)
+      keys = tf.constant([_SHARD, _NEXT, _STRIDE], tf.int64)
       at = tf.raw_ops.LookupTableFindV2(table_handle=table, keys=keys,
                                         default_value=tf.constant(_NONE, tf.int64))
       handle = gen_dataset_ops.iterator_v2(
@@ -99,7 +135,7 @@ class ResumingReader:
           output_shapes=structure.get_flat_tensor_shapes(spec))
       with tf.control_dependencies([at]):  # Cleared before the first read.
         cleared = tf.raw_ops.LookupTableInsertV2(
-            table_handle=table, keys=keys[1:], values=tf.constant([_NONE], tf.int64))
+            table_handle=table, keys=keys[1:2], values=tf.constant([_NONE], tf.int64))
       resumes = tf.logical_and(tf.equal(at[0], shard), tf.equal(at[1], start))
 
       def build():
@@ -109,15 +145,26 @@ class ResumingReader:
 
       with tf.control_dependencies([cleared]):
         ready = tf.cond(resumes, lambda: tf.constant(False), build)
+      # The lane the iterator reads on into: the one it was built with (a graph traced
+      # for another number of workers may have built it).
+      built_stride = tf.where(ready, stride, at[2])
     with tf.control_dependencies([ready]):
       handle = tf.identity(handle)  # Every read of it comes after `ready`.
     iterator = iterator_ops.OwnedIterator(components=[handle], element_spec=spec)
 
     def finish(count, after):
+      end = start + tf.cast(count, tf.int64)
+      position = tf.stack([shard, end])
+      if lane is not None:
+        following = lane.after(shard, built_stride)
+        length = tf.gather(tf.constant(list(lane.lengths), tf.int64), shard)
+        moved_on = tf.logical_and(end >= length, tf.size(following) > 0)
+        first = tf.concat([following, [_NONE]], 0)[0]
+        position = tf.where(moved_on, tf.stack([first, 0]), position)
       with tf.control_dependencies(list(after)):
         moved = tf.raw_ops.LookupTableInsertV2(
             table_handle=table, keys=keys,
-            values=tf.stack([shard, start + tf.cast(count, tf.int64)]))
+            values=tf.concat([position, [built_stride]], 0))
       with tf.control_dependencies([moved]):
         return gen_resource_variable_ops.consume_mutex_lock(lock)
 

@@ -80,9 +80,13 @@ class Plan:
     """The start-up line for a form the runtime cannot position cheaply; None if fine."""
     if self.seekable or not self.advice:
       return None
-    also = ", and every shard reads all the others' data" if self.reads_all_shards else ""
+    if self.reads_all_shards:
+      return (f"{what}: each shard of this input reads all the others' data (through "
+              f"{self.blocked_at}), so it is read in one shard per worker, each read on by "
+              "its worker as TensorFlow's per-worker input is; a chunk that starts elsewhere "
+              f"(after a restart) reads its shard from the start: {self.advice}")
     return (f"{what}: a chunk of this input reads its shard through {self.blocked_at} from "
-            f"the start{also}: {self.advice}")
+            f"the start: {self.advice}")
 
 
 def skip(dataset: tf.data.Dataset, start: Any) -> tf.data.Dataset:
