@@ -13,12 +13,15 @@ PYTHONPATH):
   `StandardTrainer` a user would write around the tutorial's `step_fn`.
 * `single_task`: Orbit's own `SingleTaskTrainer`, unmodified, on a dict
   dataset (finite: one epoch, positioned by tfps; `repeat=1` makes it endless).
+* `files`: the same on TFRecord files, in TensorFlow's form for files
+  (`list_files(...).shard(n, i).interleave(TFRecordDataset)`, batched, parsed).
 
 Settings (`--experiment_params`): `examples` (the tutorial: 200),
 `embedding_dim` (16384), `batch` (per step; default the global batch size),
 `repeat` (single_task: 0).
 """
 
+import os
 import random
 
 import orbit
@@ -112,16 +115,56 @@ def tutorial(context):
                     global_step=step)
 
 
+def _single_task_data(count: int, seed: int):
+  rng = tf.random.Generator.from_seed(seed)
+  x = rng.normal([count, 8])
+  return x, tf.cast(tf.reduce_sum(x[:, :4], axis=1, keepdims=True) > 0, tf.float32)
+
+
 def single_task(context):
   params = context.params
-  count = int(params.get("examples", 4096))
   batch = int(params.get("batch", context.global_batch_size))
-  rng = tf.random.Generator.from_seed(context.seed)
-  x = rng.normal([count, 8])
-  y = tf.cast(tf.reduce_sum(x[:, :4], axis=1, keepdims=True) > 0, tf.float32)
+  x, y = _single_task_data(int(params.get("examples", 4096)), context.seed)
   dataset = tf.data.Dataset.from_tensor_slices({"x": x, "label": y}).batch(batch)
   if int(params.get("repeat", 0)):
     dataset = dataset.repeat()
+  return _single_task_experiment(dataset)
+
+
+def files(context):
+  """`single_task` on TFRecord files, read in TensorFlow's form for files: the file names
+  sharded, then an interleave of their records, batched and parsed (`data_dir`: where
+  the files are written once; `files`: how many)."""
+  params = context.params
+  batch = int(params.get("batch", context.global_batch_size))
+  directory = params.get("data_dir") or os.path.join(context.model_dir, "records")
+  count, num_files = int(params.get("examples", 65536)), int(params.get("files", 16))
+  if not tf.io.gfile.glob(os.path.join(directory, "*.tfrecord")):
+    x, y = (t.numpy() for t in _single_task_data(count, context.seed))
+    tf.io.gfile.makedirs(directory)
+    per_file = -(-count // num_files)
+    for f in range(num_files):
+      with tf.io.TFRecordWriter(os.path.join(directory, f"part-{f:03d}.tfrecord")) as writer:
+        for i in range(f * per_file, min(count, (f + 1) * per_file)):
+          writer.write(tf.train.Example(features=tf.train.Features(feature={
+              "x": tf.train.Feature(float_list=tf.train.FloatList(value=x[i])),
+              "label": tf.train.Feature(float_list=tf.train.FloatList(value=y[i])),
+          })).SerializeToString())
+  features = {"x": tf.io.FixedLenFeature([8], tf.float32),
+              "label": tf.io.FixedLenFeature([1], tf.float32)}
+  repeat = int(params.get("repeat", 0))
+
+  def dataset_fn(ctx):
+    names = tf.data.Dataset.list_files(os.path.join(directory, "*.tfrecord"), shuffle=False)
+    records = names.shard(ctx.num_input_pipelines, ctx.input_pipeline_id).interleave(
+        tf.data.TFRecordDataset, cycle_length=2)
+    dataset = records.batch(batch).map(lambda r: tf.io.parse_example(r, features))
+    return dataset.repeat() if repeat else dataset
+
+  return _single_task_experiment(dataset_fn)
+
+
+def _single_task_experiment(dataset):
   model = tf_keras.Sequential([tf_keras.layers.Dense(64, activation="relu"),
                                tf_keras.layers.Dense(1)])
   model.build((None, 8))
