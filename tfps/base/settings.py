@@ -51,7 +51,8 @@ RUN_SETTINGS = (
             'when every example has been handed out that many times.'),
     Setting("input_shards", "training", "integer", None,
             'Shards the finite training input is split into to keep its position (default: '
-            'about one closure of batches each, at most 256).'),
+            'about one closure of batches each, at most 256; one per worker for an input '
+            'whose shards each read all the data, such as a shard of records).'),
     Setting("steps_per_loop", "training", "integer", 200,
             'Steps per Orbit loop (progress/summary cadence).'),
     Setting("max_closure_seconds", "training", "float", 0.5,

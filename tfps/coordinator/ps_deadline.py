@@ -10,6 +10,9 @@ packets are dropped, TCP retransmits for many minutes, and TF's RPCs wait
 all that time, and `join()` and checkpoint saves with them (measured on
 virtual hosts: docs/partitions.md). Training would stall without a word.
 
+While TensorFlow connects (`connecting`), which waits for every task it was
+given with no deadline, the workers are held to the same rules as the ps.
+
 `PsDeadline` is a thread that probes every ps (and, to say what happened,
 every worker) on gRPC from the chief's own network, every `interval`
 seconds (the next round after `RECHECK_SECONDS` when a task refused). A ps

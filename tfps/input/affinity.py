@@ -11,9 +11,11 @@ So, when a worker's thread takes a closure, the coordinator looks at where
 that worker's reader stands (`ReaderPositions`, the chief's copy of each
 worker's table: cleared when a closure starts, moved when it succeeds, as
 the worker's own) and, if another queued closure of the same function
-starts there, the two swap their chunks (`pick`). Neither has run yet, so
-the loop trains the same chunks, each once: only which worker reads which
-changes. A chunk that was run before (a retry) keeps its worker's draw.
+starts there, the two swap their chunks; else, if the chunk it took is where
+another worker's reader stands (or will, when its closure ends), it swaps
+for one where none does (`pick`). Neither closure has run yet, so the loop
+trains the same chunks, each once: only which worker reads which changes.
+A closure that ran before (a retry) keeps its chunk.
 
 Pure Python: the decisions are tested on their own (tests/input/test_affinity.py).
 """
