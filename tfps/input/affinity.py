@@ -23,6 +23,8 @@ Pure Python: the decisions are tested on their own (tests/input/test_affinity.py
 import dataclasses
 from typing import Collection, Sequence
 
+from tfps.input import ledger as ledger_lib
+
 
 @dataclasses.dataclass(frozen=True)
 class At:
@@ -64,7 +66,7 @@ class ReaderPositions:
     if end < self._lengths[chunk.shard]:
       self._running[worker] = At(chunk.shard, end)
     else:
-      after = self.lane_after(chunk.shard, self._stride[worker])
+      after = ledger_lib.lane_after(self._lengths, chunk.shard, self._stride[worker])
       self._running[worker] = None if after is None else At(after, 0)
     return resumed
 
@@ -74,12 +76,6 @@ class ReaderPositions:
     if at is not None:
       self._at[worker] = at
 
-  def lane_after(self, shard: int, stride: int) -> int | None:
-    """The next non-empty shard `stride` on from `shard`, if any."""
-    if stride < 1:
-      return None
-    return next((s for s in range(shard + stride, len(self._lengths), stride)
-                 if self._lengths[s]), None)
 
 
 def pick(at: At | None, taken: At, queued: Sequence[At | None],

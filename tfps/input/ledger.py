@@ -51,6 +51,14 @@ from tfps.base import errors
 _STATE_VERSION = 1
 
 
+def lane_after(lengths: Sequence[int], shard: int, stride: int) -> int | None:
+  """The next non-empty shard `stride` on from `shard`, if any: where a lane's reader reads
+  on (`reader.Lane`); None for a stride below 1."""
+  if stride < 1:
+    return None
+  return next((s for s in range(shard + stride, len(lengths), stride) if lengths[s]), None)
+
+
 @dataclasses.dataclass(frozen=True)
 class Chunk:
   """Batches `[start, start + count)` of shard `shard` in epoch `epoch`."""
@@ -136,15 +144,10 @@ class InputLedger:
   def _fresh_shard(self, lanes: int) -> int | None:
     """The lowest shard not started that no lane holds, if any; one that no lane reads
     on into next first."""
-    ahead = {self._lane_after(s, lanes) for s in self._lanes if s is not None}
+    ahead = {lane_after(self.lengths, s, lanes) for s in self._lanes if s is not None}
     fresh = [s for s in range(self.num_shards)
              if self.positions[s] == 0 < self.lengths[s] and s not in self._lanes]
     return min(fresh, key=lambda s: (s in ahead, s), default=None)
-
-  def _lane_after(self, shard: int, lanes: int) -> int | None:
-    """The next non-empty shard `lanes` on from `shard` (where a lane's reader reads on)."""
-    return next((s for s in range(shard + lanes, self.num_shards, lanes) if self.lengths[s]),
-                None)
 
   def _next_shard(self, held: set[int | None], after: int | None, lanes: int) -> int:
     """The shard a lane reads next: the one its reader reads on into (the next non-empty
@@ -152,7 +155,7 @@ class InputLedger:
     holds, the lowest not started first, then started ones; at the end of an epoch, one
     another lane holds."""
     if after is not None:
-      on = self._lane_after(after, lanes)
+      on = lane_after(self.lengths, after, lanes)
       if on is not None and self.positions[on] == 0 and on not in held:
         return on
     left = [s for s in range(self.num_shards) if self.positions[s] < self.lengths[s]]
