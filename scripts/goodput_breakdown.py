@@ -6,6 +6,12 @@ For each model_dir (a `tfps chaos` or soak run), and summed over all of
 them: the wall time and what the kept steps would have taken at the run's
 full speed (`chaos.goodput`), and the difference split into
 
+* the run's start: up to the last loop before its first fault (the first
+  event that is a failure or a death in the run's event log), less that
+  time's steps at full speed: the first coordinator's start, its looped
+  loops, its write-out, the failover graphs and the standbys built ahead;
+  every fresh run pays it, whatever its faults (the parts below count what
+  comes after it);
 * between coordinators: from the last loop before a coordinator start to
   that start's `restored` record (the fault, waiting, the new process,
   connecting, building, restoring);
@@ -19,18 +25,33 @@ full speed (`chaos.goodput`), and the difference split into
 import sys
 
 from tfps.chaos import goodput as goodput_lib
+from tfps.recovery import events as events_lib
 from tfps.recovery import progress_log
 
-PARTS = ("between coordinators", "first loops", "fast-start loops", "rolled back", "the rest")
+PARTS = ("the run's start", "between coordinators", "first loops", "fast-start loops", "rolled back", "the rest")
 
 
-def breakdown(records: list[progress_log.Progress]) -> dict[str, float]:
-  """Seconds per part of one run's lost time, plus `wall` and `lost`."""
+def first_fault(events: list[events_lib.Event]) -> float | None:
+  """When the run's first fault showed: its first failure or death; None if none."""
+  times = [e.time for e in events if e.kind in ("failure", "died") or e.failure]
+  return min(times) if times else None
+
+
+def breakdown(records: list[progress_log.Progress],
+              fault_at: float | None = None) -> dict[str, float]:
+  """Seconds per part of one run's lost time, plus `wall` and `lost`; `fault_at`:
+  when its first fault showed (`first_fault`)."""
   measured = goodput_lib.measure(records)
   speed = measured.fault_free_steps_per_sec
-  parts = dict.fromkeys(PARTS, 0.0)
+  parts = dict.fromkeys((*PARTS, "started"), 0.0)
   previous = None
   first_after_restore = False
+  if records and fault_at is not None:
+    before = [r for r in records if r.time < fault_at]
+    start, last = records[0], before[-1] if before else records[0]
+    parts["the run's start"] = (last.time - start.time) - (last.step - start.step) / speed
+    parts["started"] = last.time - start.time
+    records = records[len(before) - 1:] if before else records
   for record in records:
     if previous is None:
       previous, first_after_restore = record, record.restored
@@ -48,7 +69,7 @@ def breakdown(records: list[progress_log.Progress]) -> dict[str, float]:
       parts["fast-start loops"] += seconds - (record.step - previous.step) / speed
     previous = record
   lost = measured.wall_seconds - measured.kept_steps / speed
-  parts["the rest"] = lost - sum(parts.values())
+  parts["the rest"] = lost - sum(parts[part] for part in PARTS[:-1])
   return {**parts, "wall": measured.wall_seconds, "lost": lost}
 
 
@@ -56,9 +77,10 @@ def main(model_dirs: list[str]) -> int:
   if not model_dirs:
     print(__doc__, file=sys.stderr)
     return 2
-  total = dict.fromkeys((*PARTS, "wall", "lost"), 0.0)
+  total = dict.fromkeys((*PARTS, "started", "wall", "lost"), 0.0)
   for model_dir in model_dirs:
-    parts = breakdown(progress_log.ProgressLog(model_dir).read_new())
+    parts = breakdown(progress_log.ProgressLog(model_dir).read_new(),
+                      first_fault(events_lib.EventLog(model_dir).read()))
     for key, value in parts.items():
       total[key] += value
     print(f"{model_dir}: wall {parts['wall']:.0f} s, lost {parts['lost']:.0f} s")
@@ -66,6 +88,11 @@ def main(model_dirs: list[str]) -> int:
         f"(goodput {1 - total['lost'] / total['wall']:.1%})")
   for part in PARTS:
     print(f"  {part:22s} {total[part]:7.0f} s  {total[part] / total['lost']:6.1%}")
+  after = total["wall"] - total["started"]
+  if total["started"] and after > 0:
+    lost_after = total["lost"] - total["the run's start"]
+    print(f"after each run's start (from the last loop before its first fault): wall "
+          f"{after:.0f} s, lost {lost_after:.0f} s (goodput {1 - lost_after / after:.1%})")
   return 0
 
 
