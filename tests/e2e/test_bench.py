@@ -26,7 +26,7 @@ def test_bench_runs_every_variant_and_prints_the_json_fields(tfps, tmp_path):
   tiny = out["sizes"]["tiny"]
   assert len(set(tiny["steps"].values())) == 1  # AUC at equal steps.
   assert all(0.5 < auc <= 1.0 for auc in out["eval_auc"].values())
-  assert out["closure_overhead_us"] > 0
+  assert out["closure_overhead_us"] > 0 and out["closure_overhead_us_stock"] > 0
   # Each stock pattern places variables as its source does; tfps by its default.
   assert {v: c["min_shard_bytes"] for v, c in out["setup"].items()} == {
       "tutorial": 256 << 10, "model_garden": None, "tfps": 64 << 20}

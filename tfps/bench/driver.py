@@ -21,6 +21,7 @@ ClusterCoordinator (TensorFlow allows one cluster per process).
 
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -133,9 +134,15 @@ def run(spec_path: str, config: config_lib.BenchConfig, data_dir: str) -> dict:
                    row["save_seconds"], row["async_stall_seconds"],
                    row["async_write_seconds"], row["restore_seconds"])
   if config.sizes and any(v != Variant.SINGLE_PROCESS for v in config.variants):
-    out["noop_closure_us"] = patterns.noop_closure_micros(tfps_runtime.coordinator,
-                                                          config.noop_closures)
-    logging.info("empty closure: %.0f µs each", out["noop_closure_us"])
+    # Side by side with a stock ClusterCoordinator on the same cluster, taking
+    # turns: what TF's own dispatch costs on this host is the floor.
+    stock = runtimes[Variant.TUTORIAL].coordinator
+    turns = [(patterns.noop_closure_micros(tfps_runtime.coordinator, config.noop_closures),
+              patterns.noop_closure_micros(stock, config.noop_closures)) for _ in range(2)]
+    out["noop_closure_us"] = statistics.median(ours for ours, _ in turns)
+    out["noop_closure_us_stock"] = statistics.median(theirs for _, theirs in turns)
+    logging.info("empty closure: %.0f µs each (a stock ClusterCoordinator: %.0f µs)",
+                 out["noop_closure_us"], out["noop_closure_us_stock"])
   for size in config.sizes:
     out["sizes"][size] = measure_size(size, runtimes, config, meter, data_dir)
   return out

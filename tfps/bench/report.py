@@ -57,6 +57,8 @@ def summarize(raw: Mapping[str, Any]) -> dict[str, Any]:
     out["setup"] = raw["setup"]
   if "noop_closure_us" in raw:
     out["closure_overhead_us"] = round(raw["noop_closure_us"], 1)
+  if "noop_closure_us_stock" in raw:
+    out["closure_overhead_us_stock"] = round(raw["noop_closure_us_stock"], 1)
   return out
 
 
@@ -86,6 +88,8 @@ def table(summary: Mapping[str, Any], *, repeats: int) -> str:
   lines.append("CPU ms/step: CPU time of every process of the run (chief, ps, workers) "
                "per training step")
   if "closure_overhead_us" in summary:
+    stock = summary.get("closure_overhead_us_stock")
+    beside = "" if stock is None else f"; a stock ClusterCoordinator {stock:,.0f} us"
     lines.append(f"empty closure, dispatch to done: {summary['closure_overhead_us']:,.0f} us "
-                 "(coordinator + RPC, all workers)")
+                 f"(coordinator + RPC, all workers{beside})")
   return "\n".join(lines)
