@@ -28,7 +28,10 @@ from tfps.chaos import goodput as goodput_lib
 from tfps.recovery import events as events_lib
 from tfps.recovery import progress_log
 
-PARTS = ("the run's start", "between coordinators", "first loops", "fast-start loops", "rolled back", "the rest")
+PARTS = ("the run's start", "between coordinators", "first loops", "fast-start loops",
+         "rolled back", "the rest")
+# Not a part: the seconds from the run's first record to the end of its start.
+STARTED = "started"
 
 
 def first_fault(events: list[events_lib.Event]) -> float | None:
@@ -43,14 +46,14 @@ def breakdown(records: list[progress_log.Progress],
   when its first fault showed (`first_fault`)."""
   measured = goodput_lib.measure(records)
   speed = measured.fault_free_steps_per_sec
-  parts = dict.fromkeys((*PARTS, "started"), 0.0)
+  parts = dict.fromkeys((*PARTS, STARTED), 0.0)
   previous = None
   first_after_restore = False
   if records and fault_at is not None:
     before = [r for r in records if r.time < fault_at]
     start, last = records[0], before[-1] if before else records[0]
     parts["the run's start"] = (last.time - start.time) - (last.step - start.step) / speed
-    parts["started"] = last.time - start.time
+    parts[STARTED] = last.time - start.time
     records = records[len(before) - 1:] if before else records
   for record in records:
     if previous is None:
@@ -77,7 +80,7 @@ def main(model_dirs: list[str]) -> int:
   if not model_dirs:
     print(__doc__, file=sys.stderr)
     return 2
-  total = dict.fromkeys((*PARTS, "started", "wall", "lost"), 0.0)
+  total = dict.fromkeys((*PARTS, STARTED, "wall", "lost"), 0.0)
   for model_dir in model_dirs:
     parts = breakdown(progress_log.ProgressLog(model_dir).read_new(),
                       first_fault(events_lib.EventLog(model_dir).read()))
@@ -88,8 +91,8 @@ def main(model_dirs: list[str]) -> int:
         f"(goodput {1 - total['lost'] / total['wall']:.1%})")
   for part in PARTS:
     print(f"  {part:22s} {total[part]:7.0f} s  {total[part] / total['lost']:6.1%}")
-  after = total["wall"] - total["started"]
-  if total["started"] and after > 0:
+  after = total["wall"] - total[STARTED]
+  if total[STARTED] and after > 0:
     lost_after = total["lost"] - total["the run's start"]
     print(f"after each run's start (from the last loop before its first fault): wall "
           f"{after:.0f} s, lost {lost_after:.0f} s (goodput {1 - lost_after / after:.1%})")

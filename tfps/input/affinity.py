@@ -77,7 +77,6 @@ class ReaderPositions:
       self._at[worker] = at
 
 
-
 def pick(at: At | None, taken: At, queued: Sequence[At | None],
          others: Collection[At] = ()) -> int | None:
   """The index in `queued` (the chunks of the queued closures that may swap with the one
