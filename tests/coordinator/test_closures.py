@@ -164,6 +164,25 @@ def test_a_looped_start_with_a_target_decides_only_once_it_knows_the_speed(monke
   assert not warm.ready.is_set()
 
 
+def test_a_loop_that_waited_for_failover_graphs_says_nothing_of_the_speed(monkeypatch):
+  # 200 steps/s and 8,000 steps left: 40 s, under the break-even (167 s). A loop
+  # that also waited 10 s for the workers' failover graphs runs at 20 steps/s:
+  # taken as the speed, the training left looks like 410 s, worth a write-out.
+  clock = [1000.0]
+  monkeypatch.setattr(closures_lib.time, "monotonic", lambda: clock[0])
+  counting, coordinator = _Counting(), fakes.FakeCoordinator()
+  for warming in (True, False):
+    warm = _warm(counting, coordinator, looped_seconds=1)
+    clock[0] += 5
+    warm.after_loop(step=0, steps_left=8_400)  # The first loop.
+    clock[0] += 10
+    warm.after_loop(step=200, steps_left=8_200, warming=warming)
+    assert warm.ready.is_set() is not warming  # Marked: no speed known yet.
+    clock[0] += 1
+    warm.after_loop(step=400, steps_left=8_000)
+    assert warm.ready.is_set() is not warming  # Marked: 40 s left at 200 steps/s.
+
+
 def test_a_write_out_pays_when_the_training_left_lasts_the_break_even():
   costs = closure_plan.SwitchCosts(write_out_seconds=8.0, looped_speed=0.75)  # 32 s.
   assert closure_plan.write_out_pays(None, costs)

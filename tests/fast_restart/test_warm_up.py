@@ -99,3 +99,24 @@ def test_a_failing_warm_once_call_is_logged_and_goes_no_further():
   assert done == []
   workers[0].created[0]()  # Taken back: not tried again.
   assert done == []
+
+
+def test_activity_says_whether_a_warm_up_ran_since_a_moment_failed_or_not():
+  clock = [10.0]
+  activity = warm_up.Activity(clock=lambda: clock[0])
+  assert not activity.since(0.0)  # None ran yet.
+  seen = []
+
+  def call():
+    seen.append(activity.since(10.0))  # Runs now: any moment before counts.
+    clock[0] = 12.0
+    raise tf.errors.UnavailableError(None, None, "worker gone")
+
+  workers = [fakes.FakeWorker(0), fakes.FakeWorker(1, up=False)]
+  warm_up.warm_once(fakes.FakeCoordinator(workers), [(call, ())], [0, 1], done=lambda i: None,
+                    what="a graph", activity=activity)
+  assert seen == [True]
+  # Ended (failed) at 12: it ran in a loop begun at 11 or 12, not in one begun after.
+  assert activity.since(11.0) and activity.since(12.0) and not activity.since(12.5)
+  workers[1].created[0]()  # Worker 1 was down: it runs when TF takes it back, at 12 again.
+  assert seen == [True, True] and activity.since(12.0)

@@ -8,6 +8,8 @@ here: plain runs, a resumed run, and the input forms that are refused.
 
 
 import dataclasses
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -16,6 +18,9 @@ import tensorflow as tf
 from tfps.coordinator import run as coordinator_run
 from tfps.input import positioned as positioned_lib
 from tfps.coordinator import trainer as trainer_lib
+from tfps.fast_restart import failover_graphs
+from tfps.fast_restart import trace_cache
+from tfps.fast_restart import warm_up
 from tfps.fast_restart import worker_functions
 from tfps.recovery import coverage
 from tfps.recovery import events as events_lib
@@ -180,6 +185,20 @@ class _ClosureLog:
     return getattr(self._coordinator, name)
 
 
+class _Scheduling:
+  """Wraps the coordinator: `then()` before each closure is scheduled."""
+
+  def __init__(self, coordinator, then):
+    self._coordinator, self._then = coordinator, then
+
+  def schedule(self, fn, args=None, kwargs=None):
+    self._then()
+    return self._coordinator.schedule(fn, args=args, kwargs=kwargs)
+
+  def __getattr__(self, name):
+    return getattr(self._coordinator, name)
+
+
 def _looped_start(runtime, examples=EXAMPLES, pause=None):
   """(step, counts, closure log, trainer) of a counting run whose looped start is past
   once its first loop ends."""
@@ -206,6 +225,49 @@ def test_a_looped_start_writes_out_after_its_time_and_reads_each_batch_once(runt
   assert ps_trainer.workers_kept_warm  # Their warm-ups trained nothing (below).
   assert np.array_equal(counts.numpy(), np.ones(EXAMPLES, np.int32))  # Each batch once.
   assert int(step.numpy()) == EPOCH
+
+
+@pytest.mark.parametrize("fast_start", [True, False])
+def test_the_workers_build_ahead_only_the_closure_a_ps_failover_trains_with_first(
+    runtime, tmp_path, monkeypatch, fast_start):
+  # A failover coordinator trains looped until its ps is back (closure_plan): with a
+  # fast start that closure's failover graph is the one built, once, and not the
+  # written-out one's (seconds of each worker's time, for a ps that stays away long).
+  asked, warming, go_on = [], [], threading.Event()
+  start = failover_graphs.FailoverGraphs.start
+  monkeypatch.setattr(failover_graphs.FailoverGraphs, "start",
+                      lambda self, kind: asked.append(str(kind)) or start(self, kind))
+  # Each worker optimizes it when it next takes work: here, held until the loop
+  # after the one that asked schedules its closures, which then wait for it.
+  warm_once = warm_up.warm_once
+  monkeypatch.setattr(warm_up, "warm_once", lambda coordinator, calls, *args, **kwargs: warm_once(
+      coordinator, [(lambda: go_on.wait(60), ()), *calls], *args, **kwargs))
+  step = tf.Variable(0, dtype=tf.int64)
+  counts = tf.Variable(tf.zeros([EXAMPLES], tf.int32))
+  trainer = input_experiments.CountingTrainer(
+      counts, step, input_experiments.dataset_fn_for(EXAMPLES, BATCH))
+  cache = trace_cache.TraceCache(str(tmp_path), {"experiment": "counting"})
+  coordinator = _Scheduling(runtime.coordinator, lambda: asked and go_on.set())
+  ps_trainer = trainer_lib.PSTrainer(trainer, dataclasses.replace(runtime, coordinator=coordinator),
+                                     OPTIONS(steps_per_closure=10, trace_cache=cache,
+                                             looped_seconds=1e-9 if fast_start else 0.0,
+                                             failover_graphs=True, failover_fast_start=fast_start))
+  for _ in range(4):  # An epoch. Fast start: looped, then written out; else written out.
+    ps_trainer.train(tf.constant(EPOCH // 4))
+    warming.append(ps_trainer.last_loop.warming)
+  assert set(asked) == {"fast" if fast_start else "full"}, asked
+  # Asked from the second loop of the kind running (not the write-out's own loop);
+  # the loop it held up is marked too (its time is not its steps'), and so is any
+  # after it while a worker still optimizes.
+  asking = 2 if fast_start else 1
+  assert warming[:asking + 2] == [False] * asking + [True, True], warming
+  # One graph, held by both workers (a worker the last loop did not wait for may
+  # still be optimizing it).
+  record, began = failover_graphs.Record(str(tmp_path / failover_graphs.RECORD)), time.monotonic()
+  while sum(map(len, record.read().values())) < 2 and time.monotonic() - began < 60:
+    time.sleep(0.05)
+  assert [len(workers) for workers in record.read().values()] == [2], record.read()
+  assert np.array_equal(counts.numpy(), np.ones(EXAMPLES, np.int32))  # Built, trained nothing.
 
 
 def test_the_written_out_closures_wait_while_a_worker_does_not_answer(runtime, monkeypatch):

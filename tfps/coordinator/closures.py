@@ -171,7 +171,8 @@ class TrainClosures:
     self._cache = cache
     self._variables_root = variables_root
 
-  def _kind(self, kind: "ClosureKind | str") -> ClosureKind:
+  def resolved(self, kind: "ClosureKind | str") -> ClosureKind:
+    """`kind`, or the written-out kind for the fast-start one where there is no fast start."""
     kind = Kind(kind)
     return Kind.FULL if kind == Kind.FAST and not self.has_fast_start else kind
 
@@ -190,7 +191,7 @@ class TrainClosures:
 
   def concrete(self, kind: "ClosureKind | str"):
     """The `ConcreteFunction` of `kind` (full, fast or other), rebuilt or traced once."""
-    kind = self._kind(kind)
+    kind = self.resolved(kind)
     if not self._load(kind) and kind not in self._concrete:
       function = self._functions[kind].get_concrete_function(*_SPECS[kind])
       self._concrete[kind] = function
@@ -220,7 +221,9 @@ class TrainClosures:
   def _scheduled(self, kind: ClosureKind):
     # Without a cache, the tf.function: schedule() traces it for its arguments
     # (an iterator, without positioned input).
-    return self.concrete(kind) if self._cache is not None else self._functions[self._kind(kind)]
+    if self._cache is not None:
+      return self.concrete(kind)
+    return self._functions[self.resolved(kind)]
 
   def schedule(self, coordinator, size: int, written_out: bool, source: tuple[Any, ...]):
     """Schedules a closure of `size` steps: of full size, written out or fast-start."""
@@ -272,7 +275,7 @@ class TrainClosures:
     rebuilds them from their stored traces, bound to `variables` (stand-ins:
     `failover_graphs`), called to run no step; None if no stored trace of `kind` fits.
     (A second rebuild of one trace in a process gets another name: ask for each once.)"""
-    kind, skip = self._kind(kind), _skip()
+    kind, skip = self.resolved(kind), _skip()
     function = cache.load(kind, _SPECS[kind], None, variables=variables)
     if function is None:
       return None
@@ -330,7 +333,8 @@ class WarmClosures:
     # the per-worker resources doing it, kept: TF forgets one nobody holds.
     self._warm_for: bool | None = None
     self._resources = None
-    self._first_loop: tuple[float, int] | None = None  # (time, global step) after it.
+    self._last_loop: tuple[float, int] | None = None  # (time, global step) after it.
+    self._timed = (0.0, 0)  # Seconds and steps of the loops since the first, less warming ones.
     self._stays_looped = False
     if looped_seconds <= 0:
       self.ready.set()
@@ -368,24 +372,30 @@ class WarmClosures:
     self._made = time.monotonic()
     self._looped_until = self._made + looped
 
-  def after_loop(self, step: int | None = None, steps_left: int | None = None) -> None:
+  def after_loop(self, step: int | None = None, steps_left: int | None = None,
+                 warming: bool = False) -> None:
     """After each loop: write out from the next one once the looped time is past,
     unless the training left (`steps_left` after global step `step`, at the
-    speed since the first loop) is too short to repay it."""
+    speed of the loops since the first) is too short to repay it. A `warming`
+    loop waited for failover graphs: its time says nothing of the speed (taken
+    with it, a loop that waited seconds made a run of a minute look like minutes)."""
     now = time.monotonic()
-    if self._first_loop is None and step is not None:
-      self._first_loop = (now, step)
+    if step is not None:
+      if self._last_loop is not None and not warming:
+        seconds, steps = self._timed
+        self._timed = (seconds + now - self._last_loop[0], steps + step - self._last_loop[1])
+      self._last_loop = (now, step)
     if self.ready.is_set() or now < self._looped_until:
       return
     seconds_left = None
-    if self._first_loop is not None and steps_left is not None and step is not None:
-      since, first_step = self._first_loop
+    if self._last_loop is not None and steps_left is not None:
+      seconds, steps = self._timed
       if steps_left == 0:
         seconds_left = 0.0
-      elif now > since and step > first_step:
-        seconds_left = steps_left * (now - since) / (step - first_step)
+      elif seconds > 0 and steps > 0:
+        seconds_left = steps_left * seconds / steps
       else:
-        return  # The speed is not known before a second loop: decide after it.
+        return  # The speed is not known before a loop that says it: decide after one.
     if not closure_plan.write_out_pays(seconds_left, self._costs):
       if not self._stays_looped:
         logging.info("the training left (~%.0fs) is too short to repay a write-out: the "

@@ -7,11 +7,13 @@ training waits: most of what the first failover onto that cluster costs
 (docs/recovery.md "Failover graphs built ahead"). (The worker's graph cache,
 `ps_worker.graph_cache`, keeps them for later ones.)
 
-So a coordinator of 2 ps, from its second loop of each kind of full-size
-closure (`start(kind)`: the fast-start closure early in a run, which a
-failover coordinator of a young run starts with too; the written-out one
-after), has each worker optimize that kind's graph, and the one for other
-sizes, ahead of need: each closure rebuilt from its
+So a coordinator of 2 ps, from its second loop, has each worker optimize
+ahead of need the graph of the full-size closure a failover coordinator
+trains with first (`start(kind)`), and the one for other sizes. With a fast
+start that is the fast-start closure: a failover coordinator trains looped
+until its ps is back (`recovery.closure_plan`), and writes out only if the ps
+stays away past the break-even time (its workers optimize that graph then).
+Without a fast start, the written-out one. Each closure is rebuilt from its
 stored trace as the failover coordinator will rebuild it (its ps ops moved to
 ps:0, named for the failover cluster's shape, which is the same whichever ps
 is lost: `worker_functions.placement`), bound to stand-in variable handles
@@ -166,7 +168,7 @@ def stand_ins(variables: Mapping[tuple[int, int], tf.Variable], tag: str
 
 
 class FailoverGraphs:
-  """Has the workers optimize the failover cluster's written-out closure, once (`start`)."""
+  """Has the workers optimize the failover cluster's closures of a kind, once (`start`)."""
 
   def __init__(self, *, warm_call: Callable[..., Any], cache: trace_cache_lib.TraceCache,
                variables_root: Any, cluster: spec_lib.ClusterSpec, coordinator: Any):
@@ -180,6 +182,12 @@ class FailoverGraphs:
     self._started: set[str] = set()
     self._resources = {}  # Kept: TF forgets a per-worker resource nobody holds.
     self._other_asked = False  # The closure for other sizes rides with the first kind asked.
+    self._activity = warm_up.Activity()
+
+  def ran_since(self, moment: float) -> bool:
+    """Whether a worker optimized a failover graph at some time since `moment`
+    (`time.monotonic`): the loops it held up, which may come after `start`'s."""
+    return self._activity.since(moment)
 
   def started(self, kind: str) -> bool:
     """Whether `start` was asked for `kind` already (it then makes nothing new)."""
@@ -234,4 +242,5 @@ class FailoverGraphs:
                  "ps failover would leave, ahead of need", len(asked), kind)
     return warm_up.warm_once(self._coordinator, calls, sorted(asked),
                              done=lambda index: record.add(key, asked[index]),
-                             what=f"the failover cluster's {kind} closures")
+                             what=f"the failover cluster's {kind} closures",
+                             activity=self._activity)

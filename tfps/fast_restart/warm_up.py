@@ -75,11 +75,39 @@ def warm_workers(coordinator, calls: Sequence[Call],
           for worker in workers]
 
 
+class Activity:
+  """When warm-ups ran: whether one ran at some time since a moment (a loop's start).
+
+  A warm-up starts on a worker's thread when that worker next takes work, which
+  may be after the loop that asked for it: the loop it holds up is the one to
+  know it by (its time is not its steps')."""
+
+  def __init__(self, clock: Callable[[], float] = time.monotonic):
+    self._clock, self._lock = clock, threading.Lock()
+    self._running, self._last_end = 0, float("-inf")
+
+  def begin(self) -> None:
+    with self._lock:
+      self._running += 1
+
+  def end(self) -> None:
+    with self._lock:
+      self._running -= 1
+      self._last_end = self._clock()
+
+  def since(self, moment: float) -> bool:
+    """Whether a warm-up runs now, or ended at `moment` or after (the same clock)."""
+    with self._lock:
+      return self._running > 0 or self._last_end >= moment
+
+
 def warm_once(coordinator, calls: Sequence[Call], indices: Sequence[int],
-              done: Callable[[int], None], what: str) -> list[Any]:
+              done: Callable[[int], None], what: str,
+              activity: Activity | None = None) -> list[Any]:
   """Has each worker of `indices` run `calls` on its own thread before its next closure,
   once: not again when TF takes it back (the first try counts, done or not).
-  `done(index)` after a worker ran them. Returns the values to keep (`warm_workers`).
+  `done(index)` after a worker ran them; `activity` is told when each runs.
+  Returns the values to keep (`warm_workers`).
   A per-worker value among a call's arguments (an iterator) is each worker's own.
 
   For calls that are only worth having: an error in one is logged in a line and
@@ -95,6 +123,8 @@ def warm_once(coordinator, calls: Sequence[Call], indices: Sequence[int],
           return
         tried.add(worker.worker_index)
       task, start = task_names.task_or_device(worker.device_name), time.perf_counter()
+      if activity is not None:
+        activity.begin()
       try:
         for function, args in calls:
           function(*tf_internals.worker_args(args, worker.worker_index))
@@ -102,6 +132,9 @@ def warm_once(coordinator, calls: Sequence[Call], indices: Sequence[int],
         logging.warning("%s: %s not instantiated (%s: %s)", task, what, type(e).__name__,
                         messages.one_line(e))
         return
+      finally:
+        if activity is not None:
+          activity.end()
       logging.info("%s: %s instantiated in %.1fs", task, what, time.perf_counter() - start)
       done(worker.worker_index)
     return warm_up
