@@ -203,11 +203,10 @@ class CoordinatorConfig(settings.LoopSettings):
     ps_timeout: seconds a ps may not answer before the run counts it lost
       and exits 170 (a partition hangs TF instead of failing it, see
       `coordinator.ps_deadline`); None: no deadline.
-    failover_graphs: with `trace_cache` on 2 ps, have the workers optimize,
-      for the cluster a ps failover would leave, the closure its coordinator
-      trains with first (the fast-start one; without `fast_start`, the
-      written-out one), ahead of need (`fast_restart.failover_graphs`); for a
-      coordinator whose supervisor fails over (`tfps run` with --ps_failover).
+    failover_graphs: with `trace_cache` on 2 ps, have the workers optimize the
+      written-out closure of the cluster a ps failover would leave, ahead of
+      need (`fast_restart.failover_graphs`); for a coordinator whose supervisor
+      fails over (`tfps run` with --ps_failover).
     tasks_left_out: the workers and ps the supervisor left out of `cluster`
       (`worker:1`, `ps:0`).
     tasks_expected_back: those of `tasks_left_out` the supervisor will

@@ -171,8 +171,7 @@ class TrainClosures:
     self._cache = cache
     self._variables_root = variables_root
 
-  def resolved(self, kind: "ClosureKind | str") -> ClosureKind:
-    """`kind`, or the written-out kind for the fast-start one where there is no fast start."""
+  def _kind(self, kind: "ClosureKind | str") -> ClosureKind:
     kind = Kind(kind)
     return Kind.FULL if kind == Kind.FAST and not self.has_fast_start else kind
 
@@ -191,7 +190,7 @@ class TrainClosures:
 
   def concrete(self, kind: "ClosureKind | str"):
     """The `ConcreteFunction` of `kind` (full, fast or other), rebuilt or traced once."""
-    kind = self.resolved(kind)
+    kind = self._kind(kind)
     if not self._load(kind) and kind not in self._concrete:
       function = self._functions[kind].get_concrete_function(*_SPECS[kind])
       self._concrete[kind] = function
@@ -221,9 +220,7 @@ class TrainClosures:
   def _scheduled(self, kind: ClosureKind):
     # Without a cache, the tf.function: schedule() traces it for its arguments
     # (an iterator, without positioned input).
-    if self._cache is not None:
-      return self.concrete(kind)
-    return self._functions[self.resolved(kind)]
+    return self.concrete(kind) if self._cache is not None else self._functions[self._kind(kind)]
 
   def schedule(self, coordinator, size: int, written_out: bool, source: tuple[Any, ...]):
     """Schedules a closure of `size` steps: of full size, written out or fast-start."""
@@ -275,7 +272,7 @@ class TrainClosures:
     rebuilds them from their stored traces, bound to `variables` (stand-ins:
     `failover_graphs`), called to run no step; None if no stored trace of `kind` fits.
     (A second rebuild of one trace in a process gets another name: ask for each once.)"""
-    kind, skip = self.resolved(kind), _skip()
+    kind, skip = self._kind(kind), _skip()
     function = cache.load(kind, _SPECS[kind], None, variables=variables)
     if function is None:
       return None

@@ -192,7 +192,7 @@ def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntim
         loop_slack=ends.slack, looped_seconds=looped.traced, looped_seconds_stored=looped.stored,
         looped_seconds_cold=looped.cold,
         trace_cache=_trace_cache(config), failover_graphs=config.failover_graphs,
-        failover_fast_start=config.fast_start, rerun_slow_closures=config.rerun_slow_closures)
+        rerun_slow_closures=config.rerun_slow_closures)
     trainer = trainer_lib.PSTrainer(trainer, runtime, options, pause=pause,
                                     global_step=experiment.global_step)
   if isinstance(evaluator, orbit.StandardEvaluator):

@@ -185,12 +185,9 @@ class LoopOptions:
     trace_cache: with positioned input, where the closures' traces are stored
       for later coordinators and found from earlier ones
       (`fast_restart.trace_cache`).
-    failover_graphs: with `trace_cache` on 2 ps, have the workers optimize,
-      for the cluster a ps failover would leave, the closure its coordinator
-      trains with first, from this one's second loop (`fast_restart.failover_graphs`).
-    failover_fast_start: that coordinator trains with the fast-start closure
-      (it has a fast start: its ps is restarted and taken back soon, so it
-      rents, `recovery.closure_plan`); False: with the written-out one.
+    failover_graphs: with `trace_cache` on 2 ps, have the workers optimize the
+      written-out closure of the cluster a ps failover would leave, after the
+      first loop with this one (`fast_restart.failover_graphs`).
     rerun_slow_closures: run a closure that a slow or paused worker holds
       again on another worker (`coordinator.speculation`; positioned closures
       are fenced, `coordinator.closure_fence`).
@@ -207,7 +204,6 @@ class LoopOptions:
   looped_seconds_cold: float | None = None
   trace_cache: trace_cache_lib.TraceCache | None = None
   failover_graphs: bool = False
-  failover_fast_start: bool = True
   rerun_slow_closures: bool = False
 
   def __post_init__(self):
@@ -262,7 +258,6 @@ class PSTrainer(orbit.StandardTrainer):
     self._looped_seconds_stored = options.looped_seconds_stored
     self._looped_seconds_cold = options.looped_seconds_cold
     self._failover_graphs = options.failover_graphs
-    self._failover_fast_start = options.failover_fast_start
     self._rerun_slow_closures = options.rerun_slow_closures
     self._fence: closure_fence.ClosureFence | None = None  # Positioned, rerunning closures.
     self.speculation: speculation_lib.Speculation | None = None  # Started at the first loop.
@@ -279,7 +274,6 @@ class PSTrainer(orbit.StandardTrainer):
     self._last_kind: bool | None = None  # The closure kind of the last loop.
     self._closures: closures_lib.TrainClosures | None = None  # Made with the loop.
     self._failover: failover_graphs_lib.FailoverGraphs | None = None  # Made with the loop.
-    self._failover_kind = closures_lib.Kind.FULL  # What it builds (`_choose_full_size`).
     self._written_out_loops = 0
     self._said_silent = False  # A silent worker held back new closures (said once).
     self._probe_again_at = 0.0  # After a worker was silent, when to probe them again.
@@ -508,11 +502,6 @@ class PSTrainer(orbit.StandardTrainer):
       self._failover = failover_graphs_lib.FailoverGraphs(
           warm_call=closures.failover_warm_calls, cache=cache, variables_root=variables_root,
           cluster=self._runtime.cluster, coordinator=self._runtime.coordinator)
-      # Only the kind a failover coordinator trains with until its ps is back: the
-      # written-out one's graph (7-10 s of each worker's time at a run's start)
-      # would serve only a ps that stays away longer than the break-even time.
-      self._failover_kind = closures.resolved(
-          closures_lib.Kind.FAST if self._failover_fast_start else closures_lib.Kind.FULL)
     looped_seconds, costs = self._looped_seconds, closure_plan.MEASURED
     if self._looped_seconds_stored is not None and closures.write_out_stored():
       looped_seconds, costs = self._looped_seconds_stored, closure_plan.STORED
@@ -615,12 +604,12 @@ class PSTrainer(orbit.StandardTrainer):
       most = self._closure_steps(self._full_size)
       self._schedule(iterator, loop, plan_closures(loop.left, most, self._runtime.num_workers),
                      slack=True)
-      kind = self._failover_kind
+      kind = closures_lib.Kind.FULL if loop.written_out else closures_lib.Kind.FAST
       if self._failover is not None and not loop.cut_short and (
           self._written_out_loops if loop.written_out else self._fast_loops) and (
           self._failover.started(kind) or self._workers_all_answer()):
-        # Once, from the second loop of the kind running: the first (maybe the
-        # coordinator's first, or a write-out's) is not kept waiting, nor a save.
+        # Once per kind, from its second loop: the first (maybe the coordinator's
+        # first) is not kept waiting, nor a save. Here, the workers train meanwhile.
         loop.warming = self._failover.start(kind)
       self._runtime.coordinator.join()
       # A worker optimizes it when it next takes work: often in the loop after.

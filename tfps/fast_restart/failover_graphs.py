@@ -7,13 +7,11 @@ training waits: most of what the first failover onto that cluster costs
 (docs/recovery.md "Failover graphs built ahead"). (The worker's graph cache,
 `ps_worker.graph_cache`, keeps them for later ones.)
 
-So a coordinator of 2 ps, from its second loop, has each worker optimize
-ahead of need the graph of the full-size closure a failover coordinator
-trains with first (`start(kind)`), and the one for other sizes. With a fast
-start that is the fast-start closure: a failover coordinator trains looped
-until its ps is back (`recovery.closure_plan`), and writes out only if the ps
-stays away past the break-even time (its workers optimize that graph then).
-Without a fast start, the written-out one. Each closure is rebuilt from its
+So a coordinator of 2 ps, from its second loop of each kind of full-size
+closure (`start(kind)`: the fast-start closure early in a run, which a
+failover coordinator of a young run starts with too; the written-out one
+after), has each worker optimize that kind's graph, and the one for other
+sizes, ahead of need: each closure rebuilt from its
 stored trace as the failover coordinator will rebuild it (its ps ops moved to
 ps:0, named for the failover cluster's shape, which is the same whichever ps
 is lost: `worker_functions.placement`), bound to stand-in variable handles
@@ -168,7 +166,7 @@ def stand_ins(variables: Mapping[tuple[int, int], tf.Variable], tag: str
 
 
 class FailoverGraphs:
-  """Has the workers optimize the failover cluster's closures of a kind, once (`start`)."""
+  """Has the workers optimize the failover cluster's written-out closure, once (`start`)."""
 
   def __init__(self, *, warm_call: Callable[..., Any], cache: trace_cache_lib.TraceCache,
                variables_root: Any, cluster: spec_lib.ClusterSpec, coordinator: Any):
