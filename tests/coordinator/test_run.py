@@ -9,6 +9,7 @@ import glob
 import json
 import logging
 import os
+import threading
 
 import pytest
 import tensorflow as tf
@@ -16,6 +17,7 @@ import tensorflow as tf
 from tfps.base import errors
 from tfps.cluster import spec as spec_lib
 from tfps.coordinator import run as coordinator_run
+from tfps.fast_restart import warm_up
 from tfps.recovery import coverage
 from tfps.recovery import interrupts as interrupts_lib
 from tfps.recovery import progress_log
@@ -223,6 +225,54 @@ def test_the_chief_log_drops_routine_lines_only():
   assert not kept("Starting async checkpoint save on the device: /job:chief/...")
   assert not kept("Sync on async checkpoint saving.")
   assert kept("saved checkpoint to /m/ckpt-200.")
+
+
+@pytest.mark.parametrize("experiment, params, positioned", [
+    ("ctr", inprocess.SMALL_CTR, True),  # The closures its checkpoint's ledger shapes.
+    ("user_experiments:tutorial", {"embedding_dim": "64"}, False),  # A lookup table.
+])
+def test_a_restarted_coordinators_workers_instantiate_its_closures_while_it_restores(
+    inprocess_cluster, tmp_path, monkeypatch, experiment, params, positioned):
+  # A coordinator started after a checkpoint (a chief restart, a ps failover) hands
+  # its first closures to the workers before it restores, not after: the restore
+  # below waits until every worker has instantiated them, and on its own deadline
+  # goes on without (then the assertion fails).
+  config = lambda steps: _coordinator_config(inprocess_cluster, tmp_path, train_steps=steps,
+                                             mode="train", experiment=experiment,
+                                             experiment_params=params)
+  coordinator_run.run_coordinator(config(200))  # Two loops: a step's time is known.
+  instantiated, lock, all_done = set(), threading.Lock(), threading.Event()
+
+  def seen(done):
+    def record(index):
+      with lock:
+        instantiated.add(index)
+        if len(instantiated) == inprocess.NUM_WORKERS:
+          all_done.set()
+      done(index)
+    return record
+
+  warm_workers, warm_once = warm_up.warm_workers, warm_up.warm_once
+  monkeypatch.setattr(warm_up, "warm_workers", lambda coordinator, calls, done=lambda i: None:
+                      warm_workers(coordinator, calls, seen(done)))
+  monkeypatch.setattr(warm_up, "warm_once", lambda coordinator, calls, indices, done, what,
+                      activity=None: warm_once(coordinator, calls, indices, seen(done), what,
+                                               activity))
+  restore, before_restore = coordinator_run._Controller.restore_checkpoint, []
+
+  def restore_when_warm(self, checkpoint_path=None):
+    all_done.wait(60)
+    with lock:
+      before_restore.append(len(instantiated))
+    return restore(self, checkpoint_path)
+
+  monkeypatch.setattr(coordinator_run._Controller, "restore_checkpoint", restore_when_warm)
+  result = coordinator_run.run_coordinator(config(300))
+  assert before_restore == [inprocess.NUM_WORKERS]
+  assert (result.start_step, result.global_step) == (200, 300)
+  if positioned:
+    accounted = coverage.account(progress_log.ProgressLog(str(tmp_path)).read_new())
+    assert accounted.ok and accounted.trained_twice == 0, accounted
 
 
 @pytest.mark.parametrize("experiment, params, positioned", [

@@ -178,11 +178,10 @@ def _trace_cache(config: CoordinatorConfig) -> trace_cache.TraceCache | None:
        "min_shard_bytes": config.min_shard_bytes})
 
 
-def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntime,
-           config: CoordinatorConfig, pause, ends: loop_ends.LoopEnds):
-  """The experiment's trainer/evaluator made PS-aware; None where the mode needs none."""
+def _adapt_trainer(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntime,
+                   config: CoordinatorConfig, pause, ends: loop_ends.LoopEnds):
+  """The experiment's trainer made PS-aware; None where the mode needs none."""
   trainer = experiment.trainer if config.mode != Mode.EVAL else None
-  evaluator = experiment.evaluator if config.mode != Mode.TRAIN else None
   if isinstance(trainer, orbit.StandardTrainer) and not isinstance(trainer, trainer_lib.PSTrainer):
     looped = _looped_seconds(config)
     options = trainer_lib.LoopOptions(
@@ -195,10 +194,17 @@ def _adapt(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntim
         rerun_slow_closures=config.rerun_slow_closures)
     trainer = trainer_lib.PSTrainer(trainer, runtime, options, pause=pause,
                                     global_step=experiment.global_step)
+  return trainer
+
+
+def _adapt_evaluator(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntime,
+                     config: CoordinatorConfig):
+  """The experiment's evaluator made PS-aware; None where the mode needs none."""
+  evaluator = experiment.evaluator if config.mode != Mode.TRAIN else None
   if isinstance(evaluator, orbit.StandardEvaluator):
     evaluator = evaluator_lib.PSEvaluator(evaluator, runtime,
                                           num_shards=_eval_shards(config, runtime))
-  return trainer, evaluator
+  return evaluator
 
 
 def _eval_shards(config: CoordinatorConfig, runtime: strategy_lib.PSRuntime) -> int:
@@ -508,7 +514,9 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
                    runtime: strategy_lib.PSRuntime, sentinels: ps_state.PsSentinels, *,
                    built: "_Built | None" = None,
                    built_for_shards: int | None = None) -> CoordinatorResult:
-  built = built or _build(config, interrupts, factory, runtime)
+  if built is None:
+    built = _build(config, interrupts, factory, runtime, warm_ahead=True)
+    built_for_shards = built.warmed_for_shards
   parts = _prepare(config, interrupts, runtime, sentinels, built)
   global_step = parts.experiment.global_step
   eval_output = None
@@ -526,7 +534,7 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
     if built_for_shards is not None and ledger.num_shards != built_for_shards:
       # Its closures read shards of another plan: a new coordinator builds them.
       raise errors.RetryableError(
-          f"the input was re-planned into {ledger.num_shards} shards after this standby "
+          f"the input was re-planned into {ledger.num_shards} shards after this "
           f"coordinator built its closures for {built_for_shards}")
     if isinstance(parts.trainer, trainer_lib.PSTrainer):
       parts.trainer.start_training()
@@ -549,6 +557,30 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
       checkpoint_saves_skipped=manager.saves_skipped)
 
 
+def _warm_ahead(config: CoordinatorConfig, trainer) -> int | None:
+  """A restarted coordinator's first closures, built before its evaluator and restore
+  and handed to the workers (`PSTrainer.warm_ahead`): each instantiates them on its own
+  thread (seconds) meanwhile, instead of after. Returns the input shards they were
+  built for (read ahead from the checkpoint it restores), else None.
+
+  Only with a checkpoint (a first start restores nothing), its input ledger if the
+  input is positioned (else it is measured, after the restore) and, for endless
+  input, a known step time (else its first loop times closures first).
+  """
+  if not isinstance(trainer, trainer_lib.PSTrainer) or (
+      tf.train.latest_checkpoint(config.model_dir) is None):
+    return None
+  if trainer.positioned:
+    _read_ledger(config.model_dir, trainer)
+    if trainer.input_state.ledger is None:
+      return None
+  elif trainer.step_seconds is None and config.max_closure_seconds > 0:
+    return None
+  with _classified_errors("building the train closures"):
+    trainer.warm_ahead()
+  return trainer.input_state.ledger.num_shards if trainer.positioned else None
+
+
 @dataclasses.dataclass(frozen=True)
 class _Built:
   """The experiment built in the strategy's scope, its trainer and evaluator made
@@ -558,10 +590,14 @@ class _Built:
   trainer: Any
   evaluator: Any
   ends: loop_ends.LoopEnds
+  # The input shards its closures were handed to the workers for (`_warm_ahead`), if so.
+  warmed_for_shards: int | None = None
 
 
 def _build(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts, factory,
-           runtime: strategy_lib.PSRuntime) -> _Built:
+           runtime: strategy_lib.PSRuntime, *, warm_ahead: bool = False) -> _Built:
+  """`warm_ahead`: hand the first loop's closures to the workers as soon as they are
+  built (`_warm_ahead`)."""
   context = experiment_lib.ExperimentContext(
       strategy=runtime.strategy, coordinator=runtime.coordinator,
       model_dir=config.model_dir, global_batch_size=config.global_batch_size,
@@ -572,9 +608,14 @@ def _build(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts, fac
   _require_parts(config, experiment)
   ends = _loop_ends(config)  # Where loops end and which saves (trainer, manager, controller).
   with _classified_errors("preparing the experiment"):
-    trainer, evaluator = _adapt(experiment, runtime, config, pause=lambda: interrupts.pending,
-                                ends=ends)
-  return _Built(experiment=experiment, trainer=trainer, evaluator=evaluator, ends=ends)
+    trainer = _adapt_trainer(experiment, runtime, config, pause=lambda: interrupts.pending,
+                             ends=ends)
+  # The workers instantiate meanwhile: the evaluator's build and the restore.
+  warmed_for = _warm_ahead(config, trainer) if warm_ahead else None
+  with _classified_errors("preparing the experiment"):
+    evaluator = _adapt_evaluator(experiment, runtime, config)
+  return _Built(experiment=experiment, trainer=trainer, evaluator=evaluator, ends=ends,
+                warmed_for_shards=warmed_for)
 
 
 def _prepare(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts,

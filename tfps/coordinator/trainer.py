@@ -344,21 +344,12 @@ class PSTrainer(orbit.StandardTrainer):
   def build_ahead(self, timeout: float) -> int:
     """What the first loop would build, built before training (a standby chief's
     coordinator, `coordinator.run.prepare_ahead`): the train closures, and every
-    worker has instantiated them. Nothing runs: no input is read, no variable
-    changes (`warm_up.train_or_skip`). Endless input has its per-worker
-    iterators made (each reads from its part's start whenever made) and its
-    closure (one for every size) traced for them.
+    worker has instantiated them (`warm_ahead`), with (positioned input) the
+    closure for other sizes, a shard's tail maybe in the first loop.
 
     Returns the workers that instantiated the closures within `timeout` seconds.
     """
-    if self._train_loop_fn is None:
-      self._train_loop_fn = self.create_train_loop_fn()
-    endless = self._positioned is None
-    if endless and self._train_iter is None:
-      self._train_iter = tf.nest.map_structure(iter, self.train_dataset)
-    # Each worker instantiates the loop's closures and (positioned input) the one
-    # for other sizes (a shard's tail, maybe in the first loop): done once it has all.
-    wanted = 1 if endless else 2
+    wanted = 1 if self._positioned is None else 2  # Calls each worker runs.
     calls, lock, all_done = collections.Counter(), threading.Lock(), threading.Event()
     warm = lambda: sum(1 for n in calls.values() if n >= wanted)
 
@@ -368,6 +359,32 @@ class PSTrainer(orbit.StandardTrainer):
         if warm() == self._runtime.num_workers:
           all_done.set()
 
+    if not self.warm_ahead(done, other_sizes=True):
+      return 0
+    if not all_done.wait(timeout):
+      logging.warning("built ahead: %d of %d workers instantiated the train closures within "
+                      "%.0fs; the others will when they first run one",
+                      warm(), self._runtime.num_workers, timeout)
+    return warm()
+
+  def warm_ahead(self, done: Callable[[int], None] = lambda index: None, *,
+                 other_sizes: bool = False) -> bool:
+    """The first loop's train closures built now, and handed to every worker to
+    instantiate on its own thread, not waited for: a restarted coordinator's
+    workers do it while it builds its evaluator and restores (`coordinator.run`),
+    a standby's before it is needed. Nothing runs: no input is read, no variable changes
+    (`warm_up.train_or_skip`). Endless input has its per-worker iterators made
+    (each reads from its part's start whenever made) and its closure (one for
+    every size) traced for them. `done(index)` after each call a worker ran;
+    `other_sizes`: the closure for other sizes too (positioned input).
+
+    Returns False where nothing was handed out (no full-size closures).
+    """
+    if self._train_loop_fn is None:
+      self._train_loop_fn = self.create_train_loop_fn()
+    endless = self._positioned is None
+    if endless and self._train_iter is None:
+      self._train_iter = tf.nest.map_structure(iter, self.train_dataset)
     workers = range(self._runtime.num_workers)
     with self._runtime.strategy.scope():
       if endless:  # Its size is chosen at the first loop (maybe measuring a step).
@@ -375,20 +392,17 @@ class PSTrainer(orbit.StandardTrainer):
           self._warmed_ahead = warm_up.warm_once(
               self._runtime.coordinator, [self._closures.any_size_warm_call((self._train_iter,))],
               workers, done, "train closures")
-      else:
-        self._choose_full_size(None, _Loop(start_step=None, steps=0))
-        if self._warm is None:
-          return 0
-        with _step_log_errors():
-          self._warm.before_loop(written_out=self.full_closure_ready.is_set(), done=done)
+        return True
+      self._choose_full_size(None, _Loop(start_step=None, steps=0))
+      if self._warm is None:
+        return False
+      with _step_log_errors():
+        self._warm.before_loop(written_out=self.full_closure_ready.is_set(), done=done)
+        if other_sizes:
           self._warmed_ahead = warm_up.warm_once(
               self._runtime.coordinator, [self._closures.other_warm_call()], workers, done,
               "closures of other sizes")
-    if not all_done.wait(timeout):
-      logging.warning("built ahead: %d of %d workers instantiated the train closures within "
-                      "%.0fs; the others will when they first run one",
-                      warm(), self._runtime.num_workers, timeout)
-    return warm()
+    return True
 
   def start_training(self) -> None:
     """Training starts now (after a restore, or a `build_ahead`): its loops' clocks start
