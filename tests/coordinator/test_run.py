@@ -232,7 +232,7 @@ def test_the_chief_log_drops_routine_lines_only():
     ("user_experiments:tutorial", {"embedding_dim": "64"}, False),  # A lookup table.
 ])
 def test_a_restarted_coordinators_workers_instantiate_its_closures_while_it_restores(
-    inprocess_cluster, tmp_path, monkeypatch, experiment, params, positioned):
+    inprocess_cluster, tmp_path, monkeypatch, caplog, experiment, params, positioned):
   # A coordinator started after a checkpoint (a chief restart, a ps failover) hands
   # its first closures to the workers before it restores, not after: the restore
   # below waits until every worker has instantiated them, and on its own deadline
@@ -267,8 +267,11 @@ def test_a_restarted_coordinators_workers_instantiate_its_closures_while_it_rest
     return restore(self, checkpoint_path)
 
   monkeypatch.setattr(coordinator_run._Controller, "restore_checkpoint", restore_when_warm)
+  caplog.set_level("WARNING", logger="tensorflow")
   result = coordinator_run.run_coordinator(config(300))
   assert before_restore == [inprocess.NUM_WORKERS]
+  # Traced before the restore, its steps' routine warnings are still said once.
+  assert caplog.text.count("without using `ClusterCoordinator.schedule`") <= 1
   assert (result.start_step, result.global_step) == (200, 300)
   if positioned:
     accounted = coverage.account(progress_log.ProgressLog(str(tmp_path)).read_new())

@@ -371,7 +371,7 @@ def run_coordinator(config: CoordinatorConfig, *,
 
 def _run_chief(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts) -> CoordinatorResult:
   factory, runtime, sentinels = _connect(config)
-  with _ps_deadline(config, runtime, sentinels):
+  with _ps_deadline(config, runtime, sentinels), routine_lines_dropped():
     return _run_connected(config, interrupts, factory, runtime, sentinels)
 
 
@@ -452,14 +452,15 @@ def prepare_ahead(config: CoordinatorConfig, interrupts: interrupts_lib.Interrup
   # No ps deadline here: its loss would end this process as a coordinator's
   # failure; the caller bounds this call and retires the standby instead.
   factory, runtime, sentinels = _connect(config, every_worker=True)
-  built = _build(config, interrupts, factory, runtime)
-  shards, warm = None, 0
-  if isinstance(built.trainer, trainer_lib.PSTrainer):
-    if built.trainer.positioned:
-      _read_ledger(config.model_dir, built.trainer)
-      shards = built.trainer.ensure_ledger().num_shards
-    with _classified_errors("building the train closures ahead"):
-      warm = built.trainer.build_ahead(warm_timeout)
+  with routine_lines_dropped():  # The closures are traced here.
+    built = _build(config, interrupts, factory, runtime)
+    shards, warm = None, 0
+    if isinstance(built.trainer, trainer_lib.PSTrainer):
+      if built.trainer.positioned:
+        _read_ledger(config.model_dir, built.trainer)
+        shards = built.trainer.ensure_ledger().num_shards
+      with _classified_errors("building the train closures ahead"):
+        warm = built.trainer.build_ahead(warm_timeout)
   return Prepared(config=config, factory=factory, runtime=runtime, sentinels=sentinels,
                   built=built, input_shards=shards, workers_warm=warm)
 
@@ -472,7 +473,7 @@ def run_prepared(prepared: Prepared, interrupts: interrupts_lib.Interrupts, *,
     # Prepared before the run timed a loop: its first loop need not measure a step.
     _learn_step_seconds(prepared.built.trainer, config, prepared.runtime)
   with _control_channel(config.cluster, interrupts):
-    with _ps_deadline(config, prepared.runtime, prepared.sentinels):
+    with _ps_deadline(config, prepared.runtime, prepared.sentinels), routine_lines_dropped():
       return _run_connected(config, interrupts, prepared.factory, prepared.runtime,
                             prepared.sentinels, built=prepared.built,
                             built_for_shards=prepared.input_shards)
@@ -521,7 +522,7 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
   global_step = parts.experiment.global_step
   eval_output = None
   # orbit.Controller prints its log lines on stdout as well as logging them.
-  with contextlib.redirect_stdout(_Discard()), routine_lines_dropped():
+  with contextlib.redirect_stdout(_Discard()):
     controller = _Controller(
         experiment_name=config.experiment, global_step=global_step, trainer=parts.measured,
         evaluator=parts.evaluator, strategy=runtime.strategy,
