@@ -575,7 +575,7 @@ def _warm_ahead(config: CoordinatorConfig, trainer) -> int | None:
     _read_ledger(config.model_dir, trainer)
     if trainer.input_state.ledger is None:
       return None
-  elif trainer.step_seconds is None and config.max_closure_seconds > 0:
+  elif trainer.times_a_step_first:
     return None
   with _classified_errors("building the train closures"):
     trainer.warm_ahead()

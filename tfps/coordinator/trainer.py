@@ -319,6 +319,14 @@ class PSTrainer(orbit.StandardTrainer):
     return self._positioned is not None
 
   @property
+  def times_a_step_first(self) -> bool:
+    """True when the first loop times closures before it chooses their size: endless
+    input whose step time is not known (positioned input starts with the fast-start
+    closure instead)."""
+    return (self.step_seconds is None and self._max_closure_seconds > 0
+            and self._positioned is None)
+
+  @property
   def ledger(self) -> ledger_lib.InputLedger | None:
     """The input ledger (measured or restored), None for endless input."""
     return self.ensure_ledger() if self._positioned is not None else None
@@ -485,7 +493,7 @@ class PSTrainer(orbit.StandardTrainer):
     to `steps_per_closure`; their traces are kept (positioned input), the
     failover graphs and the warm workers are made for them.
     """
-    if self.step_seconds is None and self._max_closure_seconds > 0 and self._positioned is None:
+    if self.times_a_step_first:
       # Positioned input starts with the fast-start closure, a few steps of the
       # trainer traced, and measures its loops; calibrating would trace and
       # instantiate the looped closure too, seconds of every run's first start.
