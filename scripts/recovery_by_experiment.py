@@ -6,7 +6,8 @@ Runs `tfps chaos` once per experiment shape with the same faults (by default
 a worker SIGKILL in the first loop, at step 0, and one mid-run, each back
 after 3 s), one run after another: the built-in `ctr`, and the user-shaped
 experiments of `tests/support/experiments/user_experiments.py` (TensorFlow's
-PS tutorial, Orbit's `SingleTaskTrainer`). Prints a table to stderr and one JSON line to stdout:
+PS tutorial, Orbit's `SingleTaskTrainer`, and with `--shapes=files` the latter on one
+epoch of TFRecord files, written once under `--work_dir`). Prints a table to stderr and one JSON line to stdout:
 per shape, per fault, the seconds to recover, the longest stall and the stall
 beyond a loop, and the run's goodput. Flags after `--` go to every run.
 """
@@ -41,6 +42,10 @@ _SHAPES = {
     "single_task": ["--experiment=user_experiments:single_task", "--train_steps=1200",
                     "--experiment_params=examples=65536,repeat=1", "--steps_per_loop=100",
                     "--global_batch_size=256"],
+    # One epoch of TFRecord files (positioned): tf.data does not know its length.
+    "files": ["--experiment=user_experiments:files", "--train_steps=3000",
+              "--experiment_params=examples=1048576,data_dir={work_dir}/records",
+              "--steps_per_loop=100", "--global_batch_size=256"],
 }
 
 
@@ -51,7 +56,7 @@ def _steps(argv: list[str]) -> int:
 def _one_run(shape: str, extra: list[str]) -> dict | None:
   run_dir = os.path.join(FLAGS.work_dir, shape)
   os.makedirs(run_dir, exist_ok=True)
-  argv = _SHAPES[shape]
+  argv = [a.format(work_dir=FLAGS.work_dir) for a in _SHAPES[shape]]  # Files written once.
   faults = FLAGS.faults or f"worker:0@step0:kill+3,worker:0@step{_steps(argv) // 2}:kill+3"
   command = [sys.executable, "-m", "tfps", "chaos", "--mode=train", f"--faults={faults}",
              f"--model_dir={os.path.join(run_dir, 'model')}", *argv, *extra]

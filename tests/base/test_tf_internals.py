@@ -33,6 +33,15 @@ def test_shards_of_tells_a_sharded_variable_from_a_plain_one():
   assert tf_internals.shards_of(parts[0]) is None
 
 
+def test_tracked_paths_name_each_object_by_its_checkpoint_path():
+  module = tf.Module()
+  module.weights = [tf.Variable(1.0)]
+  root = tf.train.Checkpoint(step=tf.Variable(0), module=module)
+  paths = dict(tf_internals.tracked_paths(root))
+  assert paths[""] is root, _moved("tracked_paths")
+  assert paths["step"] is root.step and paths["module/weights/0"] is module.weights[0]
+
+
 def test_function_from_def_rebuilds_a_traced_function_with_new_captures():
   weight = tf.Variable(2.0)
 

@@ -12,8 +12,10 @@ import logging
 import os
 import sys
 
+import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from tfps.coordinator import closures as closures_lib
 from tfps.fast_restart import trace_cache
@@ -90,6 +92,47 @@ def test_a_later_coordinator_runs_the_stored_closures_on_its_own_variables(cache
   # Shard 1 (1, 3, 5, ...) from its third element: 5, 7, 9, 11 in the full-size closure.
   assert float(out["value"].numpy()) == 5 + 7 + 9 + 11
   assert float(out["one"].numpy()) == FULL
+
+
+class _KerasTrainer(tf.Module):
+  """A tf_keras model and optimizer, written for one machine: the optimizer's slots
+  are made by its first `apply_gradients`, inside the traced step."""
+
+  def __init__(self):
+    super().__init__()
+    self.model = tf_keras.Sequential([
+        tf_keras.layers.Dense(2, name="hidden", kernel_initializer="ones"),
+        tf_keras.layers.Dense(1, name="out", kernel_initializer="ones")])
+    self.model.build((None, 1))
+    self.optimizer = tf_keras.optimizers.Adam(0.1)
+
+  def train_step(self, iterator):
+    value = tf.reshape(tf.cast(next(iterator), tf.float32), [1, 1])
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(self.model(value) ** 2)
+    variables = self.model.trainable_variables
+    self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+    return {"loss": loss}
+
+
+def test_an_optimizer_its_first_step_builds_is_built_ahead_and_the_trace_reused(cache, caplog):
+  first = _KerasTrainer()
+  _train(_closures(first, cache))
+  slots = [(v.name, v.device) for v in first.optimizer.variables]
+  caplog.set_level("INFO", logger="absl")
+  second = _KerasTrainer()
+  assert not second.optimizer.variables[2:]  # No slots yet (iterations, learning rate).
+  closures = _closures(second, cache)
+  assert closures.write_out_stored()  # Its optimizer built as the first one's trace did.
+  assert [(v.name, v.device) for v in second.optimizer.variables] == slots
+  _train(closures)
+  assert "full closure rebuilt" in caplog.text and "traced again" not in caplog.text
+  assert all(f.experimental_get_tracing_count() == 0
+             for f in closures._functions.values())  # pylint: disable=protected-access
+  # The same steps on its own model and slots: the same values as the first's.
+  for mine, theirs in zip(second.model.variables + second.optimizer.variables,
+                          first.model.variables + first.optimizer.variables):
+    assert np.allclose(mine.numpy(), theirs.numpy()), mine.name
 
 
 def test_asking_whether_the_write_out_is_stored_traces_nothing(cache):

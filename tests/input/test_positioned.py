@@ -85,6 +85,42 @@ def test_a_resumed_run_continues_the_epoch_where_the_checkpoint_was(cluster, tmp
   assert [e.step for e in epochs] == [EPOCH, 2 * EPOCH], epochs  # Once each, resume or not.
 
 
+def test_a_restart_takes_the_inputs_length_from_its_checkpoint_instead_of_counting(
+    cluster, tmp_path, monkeypatch, caplog):
+  # tf.data does not know a filtered input's length (nor a file's records'): a first
+  # start counts it, reading the whole input on the chief; a restart must not again.
+  config = lambda steps: _config(cluster, tmp_path, train_steps=steps,
+                                 experiment_params={"examples": str(EXAMPLES),
+                                                    "unknown_length": "1"})
+  coordinator_run.run_coordinator(config(30))
+
+  def no_count(dataset):
+    raise AssertionError("the input was counted again")
+
+  monkeypatch.setattr(positioned_lib, "_counted", no_count)
+  caplog.set_level("INFO", logger="absl")
+  second = coordinator_run.run_coordinator(config(EPOCH * 2))
+  assert "60 batches an epoch, as the checkpoint recorded" in caplog.text
+  assert np.array_equal(_counts(second), np.full(EXAMPLES, 2, np.int32))
+  assert _coverage(tmp_path).ok
+
+
+def test_a_saved_length_stands_for_a_count_only(tmp_path):
+  missing = str(tmp_path / "none.tfrecord")  # Counting it would read it.
+  records = lambda ctx: tf.data.TFRecordDataset([missing]).shard(
+      ctx.num_input_pipelines, ctx.input_pipeline_id).batch(2)
+  with pytest.raises(tf.errors.NotFoundError):
+    positioned_lib.PositionedInput(records, num_replicas_in_sync=1, what="records")
+  saved = positioned_lib.PositionedInput(records, num_replicas_in_sync=1, what="records",
+                                         saved_batches=7)
+  assert not saved.is_endless
+  # Made endless since the checkpoint: tf.data says so, and its length is not taken.
+  endless = positioned_lib.PositionedInput(lambda ctx: records(ctx).repeat(),
+                                           num_replicas_in_sync=1, what="records",
+                                           saved_batches=7)
+  assert endless.is_endless
+
+
 def test_a_python_generator_cannot_be_positioned(runtime):
   def gen():
     yield from range(10)

@@ -4,7 +4,7 @@ tfps needs a few things TensorFlow does not publish: to rebuild a traced
 function from its stored definition (stored traces), to ask its asynchronous
 checkpoint writer whether a write is in flight and to close it, to run code
 on a worker's thread before its closures (warm-ups), to tell a sharded
-variable apart, and to read and rebuild a dataset's ops in a graph
+variable apart, to name the objects a trainer tracks by their paths, and to read and rebuild a dataset's ops in a graph
 (positioned input's seek). Every other module uses TensorFlow's public API only and
 reaches these through the functions here, one per hook. A TensorFlow release
 that moves a hook breaks this module alone, and
@@ -52,6 +52,14 @@ def shards_of(variable: Any) -> list[tf.Variable] | None:
   if isinstance(variable, sharded_variable_lib.ShardedVariable):
     return list(variable.variables)
   return None
+
+
+def tracked_paths(root) -> list[tuple[str, Any]]:
+  """Each object `root` tracks, as a checkpoint walks them (breadth first), with its
+  path of names ("trainer/model/layer_with_weights-0/kernel"): a path stays when
+  objects made later (an optimizer's slots) are added beside it."""
+  objects, paths = tf.train.TrackableView(root)._descendants_with_paths()  # pylint: disable=protected-access
+  return [("/".join(ref.name for ref in paths[obj]), obj) for obj in objects]
 
 
 # -- stored traces: a ConcreteFunction from its FunctionDefs --------------------------------

@@ -44,6 +44,7 @@ from tfps.coordinator import api
 from tfps.coordinator import checkpoints
 from tfps.recovery import closure_plan
 from tfps.input import datasets
+from tfps.input import positioned as positioned_lib
 from tfps.coordinator import evaluator as evaluator_lib
 from tfps.coordinator import experiment as experiment_lib
 from tfps.coordinator import loop_ends
@@ -179,8 +180,9 @@ def _trace_cache(config: CoordinatorConfig) -> trace_cache.TraceCache | None:
 
 
 def _adapt_trainer(experiment: experiment_lib.Experiment, runtime: strategy_lib.PSRuntime,
-                   config: CoordinatorConfig, pause, ends: loop_ends.LoopEnds):
-  """The experiment's trainer made PS-aware; None where the mode needs none."""
+                   config: CoordinatorConfig, pause, ends: loop_ends.LoopEnds, saved_ledger):
+  """The experiment's trainer made PS-aware; None where the mode needs none.
+  `saved_ledger`: the input ledger of the checkpoint it restores, if any."""
   trainer = experiment.trainer if config.mode != Mode.EVAL else None
   if isinstance(trainer, orbit.StandardTrainer) and not isinstance(trainer, trainer_lib.PSTrainer):
     looped = _looped_seconds(config)
@@ -193,7 +195,8 @@ def _adapt_trainer(experiment: experiment_lib.Experiment, runtime: strategy_lib.
         trace_cache=_trace_cache(config), failover_graphs=config.failover_graphs,
         rerun_slow_closures=config.rerun_slow_closures)
     trainer = trainer_lib.PSTrainer(trainer, runtime, options, pause=pause,
-                                    global_step=experiment.global_step)
+                                    global_step=experiment.global_step,
+                                    saved_ledger=saved_ledger)
   return trainer
 
 
@@ -457,7 +460,6 @@ def prepare_ahead(config: CoordinatorConfig, interrupts: interrupts_lib.Interrup
     shards, warm = None, 0
     if isinstance(built.trainer, trainer_lib.PSTrainer):
       if built.trainer.positioned:
-        _read_ledger(config.model_dir, built.trainer)
         shards = built.trainer.ensure_ledger().num_shards
       with _classified_errors("building the train closures ahead"):
         warm = built.trainer.build_ahead(warm_timeout)
@@ -477,19 +479,6 @@ def run_prepared(prepared: Prepared, interrupts: interrupts_lib.Interrupts, *,
       return _run_connected(config, interrupts, prepared.factory, prepared.runtime,
                             prepared.sentinels, built=prepared.built,
                             built_for_shards=prepared.input_shards)
-
-
-def _read_ledger(model_dir: str, trainer: "trainer_lib.PSTrainer") -> None:
-  """The latest checkpoint's input ledger (its shards shape the closures), if any."""
-  path = tf.train.latest_checkpoint(model_dir)
-  if path is None:
-    return
-  try:
-    tf.train.Checkpoint(**{experiment_lib.INPUT_LEDGER_KEY: trainer.input_state}).read(
-        path).expect_partial()
-  except (tf.errors.OpError, ValueError, AssertionError) as e:
-    logging.info("no input ledger read ahead from %s (%s): measuring the input", path,
-                 messages.one_line(str(e)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -558,7 +547,7 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
       checkpoint_saves_skipped=manager.saves_skipped)
 
 
-def _warm_ahead(config: CoordinatorConfig, trainer) -> int | None:
+def _warm_ahead(trainer, restarting: bool) -> int | None:
   """A restarted coordinator's first closures, built before its evaluator and restore
   and handed to the workers (`PSTrainer.warm_ahead`): each instantiates them on its own
   thread (seconds) meanwhile, instead of after. Returns the input shards they were
@@ -568,11 +557,9 @@ def _warm_ahead(config: CoordinatorConfig, trainer) -> int | None:
   input is positioned (else it is measured, after the restore) and, for endless
   input, a known step time (else its first loop times closures first).
   """
-  if not isinstance(trainer, trainer_lib.PSTrainer) or (
-      tf.train.latest_checkpoint(config.model_dir) is None):
+  if not isinstance(trainer, trainer_lib.PSTrainer) or not restarting:
     return None
   if trainer.positioned:
-    _read_ledger(config.model_dir, trainer)
     if trainer.input_state.ledger is None:
       return None
   elif trainer.times_a_step_first:
@@ -608,11 +595,14 @@ def _build(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts, fac
                                     partitioned=runtime.partitioned)
   _require_parts(config, experiment)
   ends = _loop_ends(config)  # Where loops end and which saves (trainer, manager, controller).
+  # The checkpoint to restore, read ahead: its input ledger shapes the closures.
+  latest = tf.train.latest_checkpoint(config.model_dir)
+  saved = positioned_lib.saved_ledger(latest, experiment_lib.INPUT_LEDGER_KEY) if latest else None
   with _classified_errors("preparing the experiment"):
     trainer = _adapt_trainer(experiment, runtime, config, pause=lambda: interrupts.pending,
-                             ends=ends)
+                             ends=ends, saved_ledger=saved)
   # The workers instantiate meanwhile: the evaluator's build and the restore.
-  warmed_for = _warm_ahead(config, trainer) if warm_ahead else None
+  warmed_for = _warm_ahead(trainer, restarting=latest is not None) if warm_ahead else None
   with _classified_errors("preparing the experiment"):
     evaluator = _adapt_evaluator(experiment, runtime, config)
   return _Built(experiment=experiment, trainer=trainer, evaluator=evaluator, ends=ends,

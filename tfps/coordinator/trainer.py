@@ -233,13 +233,16 @@ class PSTrainer(orbit.StandardTrainer):
 
   def __init__(self, trainer: orbit.StandardTrainer, runtime: strategy_lib.PSRuntime,
                options: "LoopOptions", *, pause: Callable[[], bool] | None = None,
-               global_step: tf.Variable | None = None):
+               global_step: tf.Variable | None = None,
+               saved_ledger: ledger_lib.InputLedger | None = None):
     """`options`: how the loops are made (`LoopOptions`). `pause()` true: schedule
     no more closures this loop (an interrupt is pending). `global_step`: the step
     counter `train_step` increments (default: the wrapped trainer's `global_step`
     attribute, if any); after every loop it is set back by the steps that
     TensorFlow re-executed when it retried a failed closure, so it counts each
-    scheduled step once.
+    scheduled step once. `saved_ledger`: the input ledger of the checkpoint this
+    trainer is to restore (a restart), read ahead: its shards shape the first
+    closures, and its length stands for a count of the input.
     """
     if not isinstance(trainer, orbit.StandardTrainer):
       raise errors.UsageError(
@@ -291,7 +294,10 @@ class PSTrainer(orbit.StandardTrainer):
     self._loop_logs = {}
     self.input_state = positioned_lib.LedgerState()
     what = f"{type(trainer).__name__}.train_dataset"
-    self._positioned = _positioned_input(trainer.train_dataset, runtime, what)
+    self._positioned = _positioned_input(trainer.train_dataset, runtime, what,
+                                         saved_ledger.batches_per_epoch if saved_ledger else None)
+    if self._positioned is not None:
+      self.input_state.ledger = saved_ledger  # The restore reads it again, as saved.
     if self._positioned is None:
       per_worker = tf.nest.map_structure(
           lambda d: datasets.per_worker_dataset(
@@ -811,14 +817,15 @@ def _step_log_errors():
     raise usage from None
 
 
-def _positioned_input(dataset: Any, runtime: strategy_lib.PSRuntime,
-                      what: str) -> positioned_lib.PositionedInput | None:
+def _positioned_input(dataset: Any, runtime: strategy_lib.PSRuntime, what: str,
+                      saved_batches: int | None) -> positioned_lib.PositionedInput | None:
   """The positioned form of a trainer's input; None where per-worker iterators read it."""
   if isinstance(dataset, tf.distribute.DistributedDataset) or not (
       isinstance(dataset, tf.data.Dataset) or callable(dataset)):
     return None  # A DistributedDataset or a structure of datasets: per_worker_dataset.
   positioned = positioned_lib.PositionedInput(
-      dataset, num_replicas_in_sync=runtime.strategy.num_replicas_in_sync, what=what)
+      dataset, num_replicas_in_sync=runtime.strategy.num_replicas_in_sync, what=what,
+      saved_batches=saved_batches)
   if positioned.is_endless:
     logging.warning(
         "%s is endless (repeat()?): each worker reads its own part from the start of its "

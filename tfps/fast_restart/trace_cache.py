@@ -18,17 +18,19 @@ before (and the entry replaced):
   after a failover, the trace stored on every ps;
 * the program: every Python module loaded when it was traced is unchanged
   (size and modification time), the trainer's code included;
-* its captures: each variable the function captured is at the same place
-  among the objects the trainer tracks (as a checkpoint walks them), with
+* its captures: each variable the function captured is at the same path
+  among the objects the trainer tracks (as a checkpoint names them), with
   the same name, dtype, shape and device (or, on another task, one that
   every variable of its old task moved to as well); other captured tensors
   are constants stored by value. A function that captures anything else (a
   lookup table, a callable) is not stored.
 
 As with `tf.function`'s own cache, a function not traced again runs none of
-its Python: a trainer whose first step creates variables (a lazily built
-metric or optimizer) never matches, since those do not exist yet when the
-entry is checked; it is traced every time, as before.
+its Python: a trainer whose first step creates variables never matches,
+since those do not exist yet when the entry is checked, and is traced every
+time, as before. Except a tf_keras optimizer's slots, the common case: an
+entry records how each optimizer was built, and a coordinator builds its own
+the same way before it checks the entry (`optimizer_builds`).
 
 The rebuild uses TensorFlow internals (the pieces its SavedModel loader
 uses, reached through `base.tf_internals`); any failure there is logged in
@@ -52,10 +54,13 @@ from tensorflow.core.framework import tensor_pb2
 
 from tfps.base import files
 from tfps.base import tf_internals
+from tfps.fast_restart import optimizer_builds
 from tfps.fast_restart import trace_relocation
 from tfps.fast_restart import worker_functions
 
-FORMAT = 1
+# 2: a captured variable is found by its path among the objects the trainer tracks,
+# not by its place in their walk (which an optimizer's slots made later shift).
+FORMAT = 2
 # The key field an entry may differ in: its ops are moved to the variables' tasks.
 LAYOUT = "num_ps"
 
@@ -95,18 +100,9 @@ def changed_file(files: Sequence[Sequence[Any]]) -> str | None:
   return None
 
 
-def tracked_variables(root) -> dict[tuple[int, int], tf.Variable]:
-  """Each variable `root` tracks, by (its place in a checkpoint's walk, its shard)."""
-  found = {}
-  for index, obj in enumerate(tf.train.TrackableView(root).descendants()):
-    parts = tf_internals.shards_of(obj)
-    if parts is None and isinstance(obj, tf.Variable):
-      parts = [obj]
-    if parts is None:
-      continue
-    for shard, part in enumerate(parts):
-      found[(index, shard)] = part
-  return found
+def tracked_variables(root) -> dict[tuple[str, int], tf.Variable]:
+  """Each variable `root` tracks, by (its path as a checkpoint names it, its shard)."""
+  return optimizer_builds.tracked_variables(root)
 
 
 def _encode_outputs(structure) -> Any:
@@ -225,7 +221,7 @@ class TraceCache:
     return {"format": FORMAT, "function": function.function_def.signature.name,
             "library": base64.b64encode(library.SerializeToString()).decode(),
             "captures": captures, "outputs": _encode_outputs(function.structured_outputs),
-            "modules": module_files()}
+            "modules": module_files(), "optimizer_builds": _builds_of(root)}
 
   def load(self, name: str, input_specs: Sequence[tf.TensorSpec], root, variables=None):
     """The function stored for `name`, bound to `root`'s variables; None if there is
@@ -300,6 +296,8 @@ class TraceCache:
           if path == exact:
             reasons.append("stored by another version or configuration")
           continue  # Another layout's file of another configuration: not ours to judge.
+        if root is not None and _built_as_traced(entry, root):
+          variables = None  # Its optimizers' slots are new: walk the variables again.
         variables = tracked_variables(root) if variables is None else variables
         reason, moves = self._fit(entry, variables)
       except Exception as e:  # pylint: disable=broad-except
@@ -359,6 +357,25 @@ class TraceCache:
     return (entry.get("format") == FORMAT and isinstance(theirs, dict)
             and {k: v for k, v in theirs.items() if k != LAYOUT}
             == {k: v for k, v in ours.items() if k != LAYOUT})
+
+
+def _builds_of(root) -> list[dict[str, Any]]:
+  """`optimizer_builds.record(root)`; none if it fails (the trace is stored all the same)."""
+  try:
+    return optimizer_builds.record(root)
+  except Exception as e:  # pylint: disable=broad-except
+    logging.info("trace cache: how the optimizers were built is not stored (%s: %s)",
+                 type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
+    return []
+
+
+def _built_as_traced(entry: Mapping[str, Any], root) -> bool:
+  """Builds `root`'s optimizers not built yet as they were when `entry` was traced, if
+  the program is the same; whether any was built."""
+  builds = entry.get("optimizer_builds")
+  if not builds or changed_file(entry["modules"]):
+    return False
+  return optimizer_builds.replay(root, builds) > 0
 
 
 def _say_traced_again(name: str, reasons: Sequence[str]) -> None:

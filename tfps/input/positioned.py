@@ -118,7 +118,11 @@ class _LedgerSnapshot(tf_internals.Trackable):
 class PositionedInput:
   """A finite training dataset, split into shards read chunk by chunk."""
 
-  def __init__(self, dataset: Any, *, num_replicas_in_sync: int, what: str):
+  def __init__(self, dataset: Any, *, num_replicas_in_sync: int, what: str,
+               saved_batches: int | None = None):
+    """`saved_batches`: the batches of an epoch as a checkpoint's ledger recorded them (a
+    restart), taken instead of counting an input whose length tf.data does not know: a
+    count reads the whole input (seconds a GB), at every coordinator's start."""
     self._what = what
     self._replicas = num_replicas_in_sync
     if isinstance(dataset, tf.data.Dataset):
@@ -139,7 +143,7 @@ class PositionedInput:
     self._reader = reader_lib.ResumingReader()
     whole = self._build(1, 0)
     datasets.check_runs_on_workers(whole, what=what)
-    self._total = _length(whole)  # None: endless.
+    self._total = _length(whole, saved_batches, what)  # None: endless.
     plan = None if self._total is None else self._plan()
     # Its shards each read all the data (a shard of records, of batches): one per worker.
     self.reads_all_shards = plan is not None and plan.reads_all_shards
@@ -254,9 +258,33 @@ def default_num_shards(total_batches: int, steps_per_closure: int) -> int:
   return max(1, min(_MAX_DEFAULT_SHARDS, math.ceil(total_batches / steps_per_closure)))
 
 
-def _length(dataset: tf.data.Dataset) -> int | None:
-  """Batches in `dataset`; None if it is endless (or longer than we count)."""
-  return _judged(int(dataset.cardinality()), lambda: int(_counted(dataset)))
+def _length(dataset: tf.data.Dataset, saved: int | None = None, what: str = "") -> int | None:
+  """Batches in `dataset`; None if it is endless (or longer than we count). `saved`:
+  its length as a checkpoint recorded it, for a count (`repeat()` is still seen)."""
+
+  def count() -> int:
+    if saved is None:
+      return int(_counted(dataset))
+    logging.info("%s: %d batches an epoch, as the checkpoint recorded (not counted again)",
+                 what, saved)
+    return saved
+
+  return _judged(int(dataset.cardinality()), count)
+
+
+def saved_ledger(checkpoint: str, key: str) -> ledger_lib.InputLedger | None:
+  """The input ledger a checkpoint holds under `key` (a `LedgerState`), read from its
+  files alone (no variable is made); None if it holds none (endless input)."""
+  try:
+    reader = tf.train.load_checkpoint(checkpoint)
+    name = f"{key}/.ATTRIBUTES/{_PY_STATE}"  # TensorFlow's name for the object's value.
+    if not reader.has_tensor(name):
+      return None
+    return ledger_lib.InputLedger.from_json(reader.get_tensor(name).decode("utf-8"))
+  except (tf.errors.OpError, ValueError) as e:
+    logging.info("no input ledger read from %s (%s): the input is measured", checkpoint,
+                 messages.one_line(str(e)))
+    return None
 
 
 def _length_of_shard(length_of, shard: int) -> int | None:

@@ -7,7 +7,8 @@ directory on PYTHONPATH), or called in-process. `counting` trains on the ids
 checkpointed `counts[id]` for every id of every batch: after a run, the
 final checkpoint says how often each example was trained on. Settings
 (`--experiment_params`): `examples` (default 4000), `wait_ms` (default
-0: each step also waits this long on its worker, without CPU), `work` (default 0: a
+0: each step also waits this long on its worker, without CPU), `unknown_length` (default
+0; 1: the ids filtered, so that tf.data does not know their length), `work` (default 0: a
 [batch, work] x [work, batch] matmul per step on the worker, so that a
 working worker uses CPU as a real one does), `eval_examples` (default 0: no
 evaluator; else a `CountingEvaluator` over as many ids).
@@ -75,14 +76,17 @@ def id_sums(examples: int) -> dict[str, float]:
   return {"seen": n, "id_sum": n * (n - 1) / 2, "id_square_sum": (n - 1) * n * (2 * n - 1) / 6}
 
 
-def dataset_fn_for(examples: int, batch_size: int):
-  """One epoch of ids, shard i of n strided so that building any shard is cheap."""
+def dataset_fn_for(examples: int, batch_size: int, unknown_length: bool = False):
+  """One epoch of ids, shard i of n strided so that building any shard is cheap.
+  `unknown_length`: a filter that keeps every id hides its length from tf.data, as a
+  file's records do (it is then counted)."""
 
   def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-    return tf.data.Dataset.range(tf.cast(input_context.input_pipeline_id, tf.int64),
-                                 examples,
-                                 tf.cast(input_context.num_input_pipelines, tf.int64)
-                                 ).batch(batch_size)
+    ids = tf.data.Dataset.range(tf.cast(input_context.input_pipeline_id, tf.int64),
+                                examples, tf.cast(input_context.num_input_pipelines, tf.int64))
+    if unknown_length:
+      ids = ids.filter(lambda i: i >= 0)
+    return ids.batch(batch_size)
 
   return dataset_fn
 
@@ -93,7 +97,9 @@ def counting(context):
   step = orbit.utils.create_global_step()
   # `wait_ms`: each step also waits this long on its worker (a worker-bound
   # model whose steps/s grow with the workers, even on few cores).
-  trainer = CountingTrainer(counts, step, dataset_fn_for(examples, context.global_batch_size),
+  unknown_length = bool(int(context.params.get("unknown_length", 0)))
+  trainer = CountingTrainer(counts, step,
+                            dataset_fn_for(examples, context.global_batch_size, unknown_length),
                             work=int(context.params.get("work", 0)),
                             wait_ms=int(context.params.get("wait_ms", 0)))
   # `eval_examples`: a CountingEvaluator over the ids 0 .. eval_examples-1.
