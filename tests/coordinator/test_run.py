@@ -280,16 +280,20 @@ def test_a_restarted_coordinators_workers_instantiate_its_closures_while_it_rest
     assert accounted.ok and accounted.trained_twice == 0, accounted
 
 
-def test_a_restarted_single_task_trainer_on_files_is_neither_traced_nor_counted_again(
-    inprocess_cluster, tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("endless", [False, True])
+def test_a_restarted_single_task_trainer_on_files_is_not_traced_again(
+    inprocess_cluster, tmp_path, monkeypatch, caplog, endless):
   # Orbit's SingleTaskTrainer as written for one machine (its Adam builds its slots
-  # in the first step) on one epoch of TFRecord files (tf.data does not know its
-  # length): a restart rebuilds the stored trace and takes the length from the
-  # checkpoint, where it used to trace again and read the whole input.
+  # in the first step) on TFRecord files, one epoch (tf.data does not know its
+  # length) or repeated: a restart rebuilds the stored trace (of the fast-start
+  # closure; endless: of the closure over the per-worker iterators), and takes the
+  # epoch's length from the checkpoint, where it used to trace again and read the
+  # whole input.
   config = lambda steps: _coordinator_config(
       inprocess_cluster, tmp_path, train_steps=steps, mode="train",
       experiment="user_experiments:files", global_batch_size=64, steps_per_closure=8,
-      experiment_params={"examples": "4096", "data_dir": str(tmp_path / "records")})
+      experiment_params={"examples": "4096", "data_dir": str(tmp_path / "records"),
+                         "repeat": str(int(endless))})
   # Each coordinator names its layers as a new process would (Keras numbers its
   # default names per process: a second model here would be dense_2).
   tf_keras.backend.reset_uids()
@@ -300,7 +304,11 @@ def test_a_restarted_single_task_trainer_on_files_is_neither_traced_nor_counted_
   tf_keras.backend.reset_uids()
   result = coordinator_run.run_coordinator(config(48))
   assert (result.start_step, result.global_step) == (16, 48)
-  assert "fast closure rebuilt" in caplog.text and "traced again" not in caplog.text
+  assert "traced again" not in caplog.text
+  if endless:
+    assert "other closure rebuilt" in caplog.text
+    return
+  assert "fast closure rebuilt" in caplog.text
   assert "as the checkpoint recorded (not counted again)" in caplog.text and not counted
   accounted = coverage.account(progress_log.ProgressLog(str(tmp_path)).read_new())
   assert accounted.ok and accounted.trained_twice == 0, accounted

@@ -14,6 +14,7 @@ Supported: TensorFlow `SUPPORTED` (the release tf-models-official pins, and
 the one the suite runs on); `check_version` says so when another is loaded.
 """
 
+import contextlib
 import os
 import threading
 import weakref
@@ -84,8 +85,9 @@ def function_from_def(outer, input_specs: Sequence[tf.TensorSpec], outputs: Any,
   graph = function_def_to_graph_lib.function_def_to_graph(
       outer, structured_input_signature=(tuple(input_specs), {}))
   num_inputs = len(graph.inputs) - len(captures)
-  if num_inputs != len(input_specs):
-    raise ValueError(f"{num_inputs} inputs stored, {len(input_specs)} expected")
+  expected = len(tf.nest.flatten(tuple(input_specs), expand_composites=True))
+  if num_inputs != expected:  # A composite input (an iterator) is its components.
+    raise ValueError(f"{num_inputs} inputs stored, {expected} expected")
   graph.structured_outputs = tf.nest.pack_sequence_as(outputs, graph.outputs)
   for external, internal in zip(captures, graph.inputs[num_inputs:]):
     graph.function_captures.add_or_replace(key=id(external), external=external,
@@ -304,6 +306,24 @@ def scheduled_specs(args: tuple[Any, ...]) -> tuple[Any, ...]:
   schedule finds the trace made)."""
   return tf.nest.map_structure(cluster_coordinator._maybe_as_type_spec,  # pylint: disable=protected-access
                                cluster_coordinator._select_worker_slice(0, args))  # pylint: disable=protected-access
+
+
+@contextlib.contextmanager
+def traced_as_scheduled():
+  """Traces made inside are made as `ClusterCoordinator.schedule` makes its own: a
+  closure traced ahead of its schedule runs the strategy's methods as a scheduled one
+  does, and ParameterServerStrategy's warning that one runs outside a schedule (each
+  step's, once per process) would be noise (TensorFlow's flag for it)."""
+  extended = tf.distribute.get_strategy().extended
+  if not hasattr(extended, "_being_scheduled"):
+    yield
+    return
+  before = extended._being_scheduled  # pylint: disable=protected-access
+  extended._being_scheduled = True  # pylint: disable=protected-access
+  try:
+    yield
+  finally:
+    extended._being_scheduled = before  # pylint: disable=protected-access
 
 
 def put_back_failed_closures_first(coordinator) -> None:

@@ -25,7 +25,9 @@ rebuilt from there too. A rebuilt closure has the name every coordinator of
 a cluster of the same shape gives it (`worker_functions`), so each worker
 reads back the graph it optimized for the last one instead of optimizing it
 again; with 2 ps, the workers build the one a ps failover will run ahead of
-need (`failover_graphs`).
+need (`failover_graphs`). Endless input's closure for every size, which takes
+the per-worker iterators, is kept the same way in an `any_size_cache`, for
+the iterators' type specs.
 
 `WarmClosures` says which a loop uses. A coordinator trains with the
 fast-start closure for the seconds `closure_plan.plan` gives it, then
@@ -43,6 +45,7 @@ closure; only their cost changes.
 """
 
 import enum
+import hashlib
 import threading
 import time
 from typing import Any, Callable
@@ -99,11 +102,15 @@ class TrainClosures:
                unroll: int, what: str, full_size: int | None = None,
                fast_unroll: int = FAST_UNROLL,
                cache: trace_cache_lib.TraceCache | None = None, variables_root: Any = None,
-               fence: closure_fence.ClosureFence | None = None):
+               fence: closure_fence.ClosureFence | None = None,
+               any_size_cache: trace_cache_lib.TraceCache | None = None):
     """`full_size`: the written-out closure's steps (None: `choose_full_size` later);
     `cache`: where traces are stored and found (positioned arguments only);
     `variables_root` tracks every variable the closures capture (`trace_cache`);
-    `fence`: positioned closures check their ticket in it (`closure_fence`)."""
+    `fence`: positioned closures check their ticket in it (`closure_fence`);
+    `any_size_cache`: where the closure of every size is stored and found for the
+    arguments `schedule` gives it while no full size is chosen (endless input: its
+    per-worker iterators), with `variables_root`."""
     self._train_step, self._make_iterator = train_step, make_iterator
     self._fence = fence
     self._unroll, self._fast_unroll, self._what = unroll, fast_unroll, what
@@ -123,7 +130,9 @@ class TrainClosures:
     self.has_fast_start = False
     self._train = tf.constant(True)
     self._cache = None
-    self._variables_root = None
+    self._variables_root = variables_root
+    self._any_size_cache = any_size_cache
+    self._any_size: dict[str, Any] = {}  # Its concrete function, by its arguments' specs.
     self._concrete: dict[str, Any] = {}
     self._stored: set[str] = set()  # Kinds rebuilt from the cache, not traced here.
     self._missing: set[str] = set()  # Kinds the cache has no valid trace of.
@@ -192,7 +201,8 @@ class TrainClosures:
     """The `ConcreteFunction` of `kind` (full, fast or other), rebuilt or traced once."""
     kind = self._kind(kind)
     if not self._load(kind) and kind not in self._concrete:
-      function = self._functions[kind].get_concrete_function(*_SPECS[kind])
+      with tf_internals.traced_as_scheduled():
+        function = self._functions[kind].get_concrete_function(*_SPECS[kind])
       self._concrete[kind] = function
       if self._cache is not None and self._cache.save(kind, function, self._variables_root):
         self._missing.discard(kind)
@@ -224,9 +234,9 @@ class TrainClosures:
 
   def schedule(self, coordinator, size: int, written_out: bool, source: tuple[Any, ...]):
     """Schedules a closure of `size` steps: of full size, written out or fast-start."""
-    if self.full_size is None:  # Not chosen yet: not kept in the cache either.
-      return coordinator.schedule(self._functions[Kind.OTHER],
-                                  args=(self._train, tf.constant(size, tf.int32), *source))
+    if self.full_size is None:  # Not chosen yet: kept in the cache for any size only.
+      args = (self._train, tf.constant(size, tf.int32), *source)
+      return coordinator.schedule(self._any_size_function(args), args=args)
     if size == self.full_size:
       function = self._scheduled(Kind.FULL if written_out else Kind.FAST)
       return coordinator.schedule(function, args=(self._train, *source))
@@ -250,9 +260,39 @@ class TrainClosures:
     """The closure `schedule` runs while no full size is chosen (endless input's, of
     every size), traced now for `source` as `schedule` passes it (the per-worker
     iterators), called to run no step."""
-    function, one = self._functions[Kind.OTHER], tf.constant(1, tf.int32)
-    function.get_concrete_function(*tf_internals.scheduled_specs((self._train, one, *source)))
+    one = tf.constant(1, tf.int32)
+    function = self._any_size_function((self._train, one, *source))
+    if function is self._functions[Kind.OTHER]:
+      with tf_internals.traced_as_scheduled():
+        function.get_concrete_function(
+            *tf_internals.scheduled_specs((self._train, one, *source)))
     return (function, (tf.constant(False), one, *source))
+
+  def _any_size_function(self, args: tuple[Any, ...]):
+    """What `schedule` runs for `args` while no full size is chosen: the tf.function
+    (traced by the schedule), or with `any_size_cache` its concrete function for these
+    arguments' specs, rebuilt from a stored trace when one fits, else traced and stored."""
+    if self._any_size_cache is None:
+      return self._functions[Kind.OTHER]
+    # A tensor argument (the size) by its spec: one closure for every size.
+    specs = tf.nest.map_structure(
+        lambda x: tf.TensorSpec.from_tensor(x) if isinstance(x, tf.Tensor) else x,
+        tf_internals.scheduled_specs(args))
+    key = repr(specs)
+    if key not in self._any_size:
+      cache = self._any_size_cache.extended(
+          arguments=hashlib.sha256(key.encode()).hexdigest()[:16])
+      function = cache.load(Kind.OTHER, specs, self._variables_root)
+      if function is not None:
+        logging.info("%s closure rebuilt from the trace an earlier coordinator stored", Kind.OTHER)
+      else:
+        with tf_internals.traced_as_scheduled():
+          function = self._functions[Kind.OTHER].get_concrete_function(*specs)
+        if cache.save(Kind.OTHER, function, self._variables_root):
+          # Under the name the next coordinator gives it (a worker's graph cache key).
+          function = cache.load(Kind.OTHER, specs, self._variables_root) or function
+      self._any_size[key] = function
+    return self._any_size[key]
 
   def other_warm_call(self) -> warm_up.Call:
     """The closure for other sizes (a shard's tail), called to run no step; traces it."""

@@ -486,11 +486,25 @@ class PSTrainer(orbit.StandardTrainer):
       if self._rerun_slow_closures and self._runtime.num_workers > 1:
         self._fence = closure_fence.ClosureFence(self._runtime.strategy,
                                                  beside=self._global_step)
+    any_size_cache = variables_root = None
+    if self._positioned is None and self._trace_cache is not None:
+      # Endless input's closure (every size, over the per-worker iterators) is stored too.
+      any_size_cache, variables_root = self._endless_trace_cache(), self._variables_root()
     # Their full size is chosen at the first loop, once a step's time is known.
     self._closures = closures_lib.TrainClosures(
         self._trainer.train_step, make_iterator, unroll=self._unroll,
-        what=type(self._trainer).__name__, fence=self._fence)
+        what=type(self._trainer).__name__, fence=self._fence, any_size_cache=any_size_cache,
+        variables_root=variables_root)
     return self._loop
+
+  def _variables_root(self) -> tf.train.Checkpoint:
+    """What the stored traces' captures are found in (`trace_cache`)."""
+    tracked = {"trainer": self._trainer}
+    if self._global_step is not None:
+      tracked["global_step"] = self._global_step
+    if self._fence is not None:
+      tracked["closure_fence"] = self._fence.variable
+    return tf.train.Checkpoint(**tracked)
 
   def _choose_full_size(self, iterator, loop: "_Loop") -> None:
     """The first loop's start: a step's time (measured if not known), then the closures.
@@ -509,20 +523,15 @@ class PSTrainer(orbit.StandardTrainer):
       full_size = self._full_size = self._stored_full_size(full_size)
     if self._positioned is None:
       # Every closure is the looped one, one step per loop iteration: its trace
-      # is a step's. No fast start and no stored traces here (a closure takes
-      # a per-worker iterator), so every coordinator would trace a written-out
-      # closure again, many steps of the trainer's Python.
+      # is a step's, stored for the per-worker iterators (`_endless_trace_cache`).
+      # No fast start and no write-out: a closure takes a per-worker iterator,
+      # whose structure no written-out trace could be checked against ahead.
       self.full_closure_ready.set()
       return
     cache = variables_root = None
     if self._positioned is not None and self._trace_cache is not None:
       cache = self._trace_cache_for(self.ensure_ledger().num_shards, full_size)
-      tracked = {"trainer": self._trainer}  # What the stored traces' captures are found in.
-      if self._global_step is not None:
-        tracked["global_step"] = self._global_step
-      if self._fence is not None:
-        tracked["closure_fence"] = self._fence.variable
-      variables_root = tf.train.Checkpoint(**tracked)
+      variables_root = self._variables_root()
     closures = self._closures
     closures.choose_full_size(full_size, cache=cache, variables_root=variables_root)
     if cache is not None and self._failover_graphs and failover_graphs_lib.failover_view(
@@ -586,6 +595,15 @@ class PSTrainer(orbit.StandardTrainer):
         trainer=f"{trainer_type.__module__}.{trainer_type.__qualname__}",
         steps_per_closure=full_size, unroll=self._unroll,
         fast_unroll=closures_lib.FAST_UNROLL, input_shards=num_shards,
+        num_ps=self._runtime.num_ps)
+
+  def _endless_trace_cache(self) -> trace_cache_lib.TraceCache:
+    """Where endless input's closure is stored: its key is the positioned closures'
+    but for what only they have (sizes, shards); the iterators' structure is added
+    by the closures (`TrainClosures(any_size_cache=)`)."""
+    trainer_type = type(self._trainer)
+    return self._trace_cache.in_cluster(self._runtime.cluster.as_dict()).extended(
+        trainer=f"{trainer_type.__module__}.{trainer_type.__qualname__}", input="endless",
         num_ps=self._runtime.num_ps)
 
   def _loop(self, iterator, num_steps) -> None:

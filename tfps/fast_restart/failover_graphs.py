@@ -154,8 +154,8 @@ class StandIn:
                                            shared_name=shared_name)
 
 
-def stand_ins(variables: Mapping[tuple[int, int], tf.Variable], tag: str
-              ) -> dict[tuple[int, int], StandIn] | None:
+def stand_ins(variables: Mapping[tuple[str, int], tf.Variable], tag: str
+              ) -> dict[tuple[str, int], StandIn] | None:
   """A stand-in for each of `variables` (`trace_cache.tracked_variables`) on its
   failover device; None if one is split between the ps (see the module doc)."""
   if any(shard > 0 for _, shard in variables):

@@ -18,7 +18,7 @@ have made. Only tf_keras optimizers (`tf_keras.optimizers.Optimizer`) are
 recorded; another kind is left to its first step, and the closure is traced.
 """
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from absl import logging
 import tensorflow as tf
@@ -80,20 +80,24 @@ def record(root) -> list[dict[str, Any]]:
   return builds
 
 
-def replay(root, builds: Sequence[Mapping[str, Any]]) -> int:
+def replay(root, builds: Sequence[Mapping[str, Any]],
+           same_program: Callable[[], bool] = lambda: True) -> int:
   """Builds each optimizer of `builds` (`record`'s) that `root` tracks and that is not
-  built yet, as recorded; returns how many it built. One it cannot find, or whose
-  variables are not all there, is left to its first step."""
+  built yet, as recorded, if `same_program()` (asked only then: it may cost); returns
+  how many it built. One it cannot find, or whose variables are not all there, is left
+  to its first step."""
   if not builds:
     return 0
   optimizer_type = _optimizer_type()
   objects = dict(tf_internals.tracked_paths(root))
+  unbuilt = [b for b in builds if isinstance(objects.get(b["optimizer"]), optimizer_type)
+             and not getattr(objects[b["optimizer"]], "_built", False)]
+  if not unbuilt or not same_program():
+    return 0
   variables = tracked_variables(root)
   built = 0
-  for build in builds:
-    optimizer = objects.get(build["optimizer"])
-    if not isinstance(optimizer, optimizer_type) or getattr(optimizer, "_built", False):
-      continue
+  for build in unbuilt:
+    optimizer = objects[build["optimizer"]]
     var_list = [variables.get(tuple(place)) for place in build["variables"]]
     if any(v is None for v in var_list):
       logging.info("trace cache: optimizer %s not built ahead: its variables are not all "

@@ -326,7 +326,7 @@ class TraceCache:
     others.sort(key=_modified, reverse=True)
     return found + others
 
-  def _fit(self, entry: Mapping[str, Any], variables: Mapping[tuple[int, int], tf.Variable]
+  def _fit(self, entry: Mapping[str, Any], variables: Mapping[tuple[str, int], tf.Variable]
            ) -> tuple[str | None, dict]:
     """Why `entry` does not fit this coordinator, whose variables are `variables`
     (`tracked_variables`), and else (None) where each task's variables are now. Its key
@@ -372,10 +372,8 @@ def _builds_of(root) -> list[dict[str, Any]]:
 def _built_as_traced(entry: Mapping[str, Any], root) -> bool:
   """Builds `root`'s optimizers not built yet as they were when `entry` was traced, if
   the program is the same; whether any was built."""
-  builds = entry.get("optimizer_builds")
-  if not builds or changed_file(entry["modules"]):
-    return False
-  return optimizer_builds.replay(root, builds) > 0
+  same_program = lambda: changed_file(entry["modules"]) is None
+  return optimizer_builds.replay(root, entry.get("optimizer_builds") or (), same_program) > 0
 
 
 def _say_traced_again(name: str, reasons: Sequence[str]) -> None:
@@ -418,7 +416,7 @@ def _naming(entry: Mapping[str, Any], moves: dict, cluster: Mapping[str, Sequenc
 
 
 def _rebuild(entry: Mapping[str, Any], input_specs: Sequence[tf.TensorSpec],
-             variables: Mapping[tuple[int, int], tf.Variable], moves: dict,
+             variables: Mapping[tuple[str, int], tf.Variable], moves: dict,
              cluster: Mapping[str, Sequence[str]]):
   """A `ConcreteFunction` from a stored entry, capturing `variables` (`tracked_variables`),
   its ops on a task moved as `moves` says (`trace_relocation`); and how many moved.
