@@ -29,6 +29,9 @@ def test_a_killed_holder_is_gone_at_once():
   process, port = _holder()
   try:
     watch = presence.PresenceWatch(f"localhost:{port}").start()
+    # Connected first, as a standby is long before its holder dies: killed before the
+    # watch connects, the holder's port is free, and anything may be listening there.
+    assert watch.watching.wait(timeout=10)
     process.send_signal(signal.SIGKILL)
     assert watch.gone.wait(timeout=10)
   finally:
@@ -42,6 +45,7 @@ def test_a_port_nobody_serves_is_gone_and_a_stopped_watch_says_nothing():
   try:
     watch = presence.PresenceWatch(f"localhost:{port}").start()
     second = presence.PresenceWatch(f"localhost:{port}").start()
+    assert watch.watching.wait(timeout=10) and second.watching.wait(timeout=10)
     watch.stop()  # Another holder now: its connection closes, and that says nothing.
     assert not watch.gone.is_set()
     process.send_signal(signal.SIGKILL)

@@ -75,6 +75,7 @@ class PresenceWatch:
   def __init__(self, address: str):
     self.address = address
     self.gone = threading.Event()
+    self.watching = threading.Event()  # Connected: its end will be seen.
     self._thread = threading.Thread(target=self._watch, name="tfps-presence-watch",
                                     daemon=True)
     self._stopped = False
@@ -98,6 +99,7 @@ class PresenceWatch:
       self._socket.close()
       return
     self._socket.settimeout(None)
+    self.watching.set()
     try:
       while self._socket.recv(64):
         pass  # It never says anything; read on until it ends.
