@@ -213,6 +213,20 @@ def test_readme_experiment_example_trains(inprocess_cluster, tmp_path, monkeypat
   assert result.input["epochs_completed"] == 3
 
 
+def test_a_request_a_task_could_not_parse_is_retried_other_internal_errors_are_not():
+  # Seen once in CI: TensorFlow's eager client sent a ps a request with a corrupted
+  # device string; the coordinator gave up as for a bug in the user's program.
+  garbled = tf.errors.InternalError(None, None, "2 root error(s) found. (0) INTERNAL: "
+                                    "{{function_node __wrapped__Identity}} Unable to parse "
+                                    "request Additional GRPC error information")
+  with pytest.raises(errors.RetryableError, match="could not parse a request"):
+    with coordinator_run._classified_errors("training"):  # pylint: disable=protected-access
+      raise garbled
+  with pytest.raises(errors.PermanentError, match="training failed: InternalError"):
+    with coordinator_run._classified_errors("training"):  # pylint: disable=protected-access
+      raise tf.errors.InternalError(None, None, "a kernel failed")
+
+
 def test_the_chief_log_drops_routine_lines_only():
   routine = coordinator_run._RoutineLines()
 

@@ -301,6 +301,10 @@ def input_cannot_end(train_dataset, *, num_workers: int, num_replicas_in_sync: i
   return cardinality == tf.data.INFINITE_CARDINALITY or cardinality >= steps
 
 
+# What a task answers to a request it cannot parse (an InternalError).
+_UNPARSED_REQUEST = "Unable to parse request"
+
+
 @contextlib.contextmanager
 def _classified_errors(phase: str, input_cannot_end: Callable[[], bool] = lambda: False):
   """Turns TensorFlow and user-code failures into typed tfps errors.
@@ -328,6 +332,13 @@ def _classified_errors(phase: str, input_cannot_end: Callable[[], bool] = lambda
         "dataset ran out before the length measured at this model_dir's first start: did "
         "the data change? (use a new model_dir)") from e
   except tf.errors.OpError as e:
+    if isinstance(e, tf.errors.InternalError) and _UNPARSED_REQUEST in e.message:
+      # A request TensorFlow's eager client garbled on its way to a task (seen once: an
+      # op's device string corrupted while two threads sent ops), not the program's
+      # fault: a new coordinator restores and goes on.
+      raise errors.RetryableError(
+          f"{phase}: a task could not parse a request TensorFlow sent it: "
+          f"{messages.one_line(e.message)}") from e
     raise errors.PermanentError(
         f"{phase} failed: {type(e).__name__}: {messages.one_line(e.message)}") from e
   except Exception as e:  # User code (trainer, evaluator) raising.
