@@ -38,8 +38,11 @@ def _parts(obj: Any) -> list[tf.Variable]:
 
 def tracked_variables(root) -> dict[Place, tf.Variable]:
   """Each variable `root` tracks, by its place."""
-  return {(path, shard): part for path, obj in tf_internals.tracked_paths(root)
-          for shard, part in enumerate(_parts(obj))}
+  return _variables_in(tf_internals.tracked_paths(root))
+
+
+def _variables_in(walk: Sequence[tuple[str, Any]]) -> dict[Place, tf.Variable]:
+  return {(path, shard): part for path, obj in walk for shard, part in enumerate(_parts(obj))}
 
 
 def _optimizer_type():
@@ -62,7 +65,7 @@ def record(root) -> list[dict[str, Any]]:
   """How each built tf_keras optimizer `root` tracks was built (JSON-serializable)."""
   optimizer_type = _optimizer_type()
   walk = tf_internals.tracked_paths(root)
-  variables = tracked_variables(root)
+  variables = _variables_in(walk)
   builds = []
   for path, optimizer in walk:
     if not isinstance(optimizer, optimizer_type) or not getattr(optimizer, "_built", False):
@@ -89,12 +92,13 @@ def replay(root, builds: Sequence[Mapping[str, Any]],
   if not builds:
     return 0
   optimizer_type = _optimizer_type()
-  objects = dict(tf_internals.tracked_paths(root))
+  walk = tf_internals.tracked_paths(root)
+  objects = dict(walk)
   unbuilt = [b for b in builds if isinstance(objects.get(b["optimizer"]), optimizer_type)
              and not getattr(objects[b["optimizer"]], "_built", False)]
   if not unbuilt or not same_program():
     return 0
-  variables = tracked_variables(root)
+  variables = _variables_in(walk)  # The model variables: there before any build.
   built = 0
   for build in unbuilt:
     optimizer = objects[build["optimizer"]]
