@@ -66,6 +66,43 @@ def test_function_from_def_rebuilds_a_traced_function_with_new_captures():
   assert float(rebuilt(tf.constant(1.0))["y"]) == 20.0  # (1 + 1) * the new capture.
 
 
+def test_autograph_skips_a_module_but_still_converts_what_it_calls_back():
+  from tests.support import autograph_helpers  # pylint: disable=import-outside-toplevel
+
+  def user_absolute(x):
+    if x > 0:
+      return x
+    return -x
+
+  assert float(tf.function(autograph_helpers.absolute)(tf.constant(-2.0))) == 2.0
+  tf_internals.autograph_skips(["tests.support.autograph_helpers"])
+  with pytest.raises(tf.errors.OperatorNotAllowedInGraphError):
+    tf.function(lambda x: autograph_helpers.absolute(x))(tf.constant(-2.0))
+  called_back = tf.function(lambda x: autograph_helpers.call(lambda: user_absolute(x)))
+  assert float(called_back(tf.constant(-3.0))) == 3.0, _moved("autograph_skips")
+
+
+def test_trace_graph_converts_and_returns_what_the_function_returned():
+  weight = tf.Variable(3.0)
+
+  def step():
+    value = weight * 2.0
+    if value > 0:  # AutoGraph's cond.
+      value = value + 1.0
+    return {"value": value, "kind": "dense"}
+
+  @tf.function
+  def outer():
+    graph, returned = tf_internals.trace_graph("step", step)
+    assert returned["kind"] == "dense"
+    assert any(external is weight.handle for external, _ in graph.captures), _moved(
+        "trace_graph")
+    assert not tf_internals.has_deferred_captures(graph)
+    return tf.constant(0)
+
+  outer()
+
+
 def test_the_async_checkpoint_writer_hooks(tmp_path):
   step = tf.Variable(0, dtype=tf.int64)
   checkpoint = tf.train.Checkpoint(step=step, v=tf.Variable([1.0, 2.0]))

@@ -29,6 +29,7 @@ from tensorflow.python.eager import context as context_lib
 from tensorflow.python.eager import executor as executor_lib
 from tensorflow.python.eager.polymorphic_function import concrete_function as concrete_lib
 from tensorflow.python.framework import function_def_to_graph as function_def_to_graph_lib
+from tensorflow.python.framework import func_graph as func_graph_lib
 
 # The TensorFlow minor release these hooks are written for and tested on.
 SUPPORTED = "2.20"
@@ -270,6 +271,69 @@ def stateful_ops_since(graph: tf.Graph, mark: int) -> list[tf.Operation]:
   """The ops with side effects made in `graph` after its first `mark` ops (a control
   flow op counts as one: its body's ops are inside it)."""
   return [op for op in graph.get_operations()[mark:] if op._is_stateful]  # pylint: disable=protected-access
+
+
+# -- a traced step copied into a closure's graph (coordinator.step_copies) ----------------------
+
+def trace_graph(name: str, fn) -> tuple[Any, Any]:
+  """`fn()` traced (AutoGraph on, automatic control dependencies) as a graph of its own
+  in the current default graph's context, and what `fn` returned (before the trace made
+  tensors of its Python values). The graph is a FuncGraph: its `captures` pair each
+  tensor it took from outside (an enclosing graph's, or a variable's handle) with its
+  placeholder, and its `structured_outputs` are what it returns."""
+  from tensorflow.python.eager.polymorphic_function import autograph_util  # pylint: disable=import-outside-toplevel
+  converted = autograph_util.py_func_from_autograph(fn)
+  returned = []
+
+  def traced():
+    returned.append(converted())
+    return returned[0]
+
+  with autograph_on():
+    graph = func_graph_lib.func_graph_from_py_func(name, traced, [], {})
+  return graph, returned[0]
+
+
+def autograph_skips(modules: Sequence[str]) -> None:
+  """AutoGraph no longer converts the functions of `modules` (and their submodules)
+  when converted code calls them: they run as written, as TensorFlow's own do. The
+  callables they are given still are (a lambda of converted code stays converted, and
+  what it calls with it), since AutoGraph stays on around them."""
+  from tensorflow.python.autograph.core import config as autograph_config  # pylint: disable=import-outside-toplevel
+  rules = [autograph_config.DoNotConvert(module) for module in modules
+           if not any(str(rule) == str(autograph_config.DoNotConvert(module))
+                      for rule in autograph_config.CONVERSION_RULES)]
+  autograph_config.CONVERSION_RULES = (*rules, *autograph_config.CONVERSION_RULES)
+
+
+def autograph_on():
+  """A context in which AutoGraph converts the code called (a user's step called from
+  tfps code AutoGraph does not convert), as it does inside a converted function."""
+  from tensorflow.python.autograph.core import ag_ctx  # pylint: disable=import-outside-toplevel
+  return ag_ctx.ControlStatusCtx(status=ag_ctx.Status.ENABLED)
+
+
+def has_deferred_captures(graph) -> bool:
+  """Whether `graph` (a `trace_graph`) takes a value it resolves only when called (a
+  per-worker resource, `capture_call_time_value`)."""
+  return bool(graph.function_captures.by_ref_external)
+
+
+def set_colocation(op: tf.Operation, names: Sequence[str]) -> None:
+  """Colocates `op` with the ops of `graph` named `names` (its `_class` attribute, as
+  `tf.compat.v1.colocate_with` sets it)."""
+  from tensorflow.core.framework import attr_value_pb2  # pylint: disable=import-outside-toplevel
+  op._set_attr("_class", attr_value_pb2.AttrValue(  # pylint: disable=protected-access
+      list=attr_value_pb2.AttrValue.ListValue(s=[f"loc:@{name}".encode() for name in names])))
+
+
+def control_inputs_for(op: tf.Operation, inputs: Sequence[tf.Tensor]) -> None:
+  """Gives `op`, made outside the graph's `tf.control_dependencies` blocks (an imported
+  op), the control inputs an op on `inputs` made here would get."""
+  graph = op.graph
+  controls = graph._control_dependencies_for_inputs([t.op for t in inputs])  # pylint: disable=protected-access
+  if controls:
+    op._add_control_inputs(controls)  # pylint: disable=protected-access
 
 
 def create_op_like(op: tf.Operation, inputs: Sequence[tf.Tensor]) -> tf.Tensor:

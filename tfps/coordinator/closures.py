@@ -56,11 +56,21 @@ import tensorflow as tf
 from tfps.recovery import closure_plan
 from tfps.base import tf_internals
 from tfps.coordinator import closure_fence
+from tfps.coordinator import step_copies
 from tfps.coordinator import step_logs
 from tfps.fast_restart import trace_cache as trace_cache_lib
 from tfps.fast_restart import warm_up
 from tfps.fast_restart import worker_functions
 from tfps.input import reader as reader_lib
+
+# tfps's own helpers that a closure's trace calls and that build its graph with no Python
+# control flow on tensors: AutoGraph converting them was seconds of a coordinator's first
+# trace (docs/recovery.md "Fast start"). The user's code they call back is still converted.
+_NOT_CONVERTED = ("tfps.base", "tfps.input", "tfps.coordinator.closure_fence",
+                  "tfps.coordinator.step_copies", "tfps.coordinator.step_logs",
+                  "tfps.fast_restart.warm_up")
+tf_internals.autograph_skips(_NOT_CONVERTED)
+
 
 class ClosureKind(str, enum.Enum):
   """The train closures a loop schedules (see the module docstring); the values name
@@ -156,7 +166,8 @@ class TrainClosures:
       def full_closure(train, *source):
         def run(iterator):
           checks = closure_fence.Checks(fence, source)
-          step = lambda: train_step(iterator)
+          # Traced once per graph (the closure's, a loop's body), copied at every step.
+          step = step_copies.StepCopies(lambda: train_step(iterator), f"{what}.train_step")
           # The first step's logs (if any) give the structure of the running sums.
           sums = step_logs.start(checks.step(step), what)
           for _ in range(peeled - 1):  # Python: written out.

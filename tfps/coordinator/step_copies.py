@@ -1,0 +1,147 @@
+"""A train step traced once per graph and copied in at every further call.
+
+A written-out closure calls the trainer's `train_step` 50 times while it is
+traced, and every call runs the step's Python again: the tape, the layers,
+the optimizer. That is most of what writing out costs the chief (~0.1 s a
+step for the ctr, seconds a closure: docs/recovery.md "Fast start"). The
+step's ops are the same at every call, so `StepCopies` traces it once in
+each graph it is called in, as a graph of its own, and at each call adds a
+copy of that graph's ops to the caller's graph (`tf.graph_util.import_graph_def`):
+
+* the same ops on the same inputs: each captured tensor (the iterator, a
+  variable's handle) is bound to the caller's capture of it, and each op's
+  colocation with one of them to that capture;
+* the same order: the copy's ops come into the caller's graph as a trace
+  would make them, one step after the other, so the closure's automatic
+  control dependencies order each step's updates after the step before's on
+  the same variables and nothing more, as for a step traced in place; an
+  enclosing `tf.control_dependencies` holds the copy's first ops;
+* not a call: a nested `tf.function` called 50 times traced as fast, but
+  TensorFlow inlines a call with all of its side effects done before its
+  outputs, which held each step until the one before had ended (~19 %
+  slower steps: docs/history/2026-11-27-recovery.md).
+
+A step is traced in place instead (at every call) when it cannot be copied
+so: it returns something other than tensors, or takes a value resolved only
+when it runs (a per-worker resource); the first call says so in one line.
+Like `tf.function`, a copied step runs its Python once per graph, not once
+per step.
+"""
+
+from typing import Any, Callable
+import weakref
+
+from absl import logging
+import tensorflow as tf
+
+from tfps.base import tf_internals
+
+_NAME = "step"
+
+
+class _Traced:
+  """One trace of the step in one graph, ready to be copied into it."""
+
+  def __init__(self, graph):
+    self.structure = graph.structured_outputs
+    outputs = tf.nest.flatten(self.structure)
+    self.captures = list(graph.captures)  # (external, placeholder)
+    placeholders = {internal.op.name for _, internal in self.captures}
+    # An output that is a captured tensor itself is that tensor, not a copy.
+    by_placeholder = {internal.name: i for i, (_, internal) in enumerate(self.captures)}
+    self.outputs = [("none", None) if t is None else
+                    ("capture", by_placeholder[t.name]) if t.name in by_placeholder
+                    else ("copy", t.name) for t in outputs]
+    full = graph.as_graph_def()
+    self.graph_def = tf.compat.v1.GraphDef()
+    self.graph_def.versions.CopyFrom(full.versions)
+    self.graph_def.library.CopyFrom(full.library)
+    kept = {node.name for node in full.node if node.name not in placeholders}
+    # Nodes whose inputs are all captures (or none): an enclosing control
+    # dependency holds them; and nodes colocated with a capture (or an op
+    # outside the step), colocated again once copied.
+    self.roots: list[tuple[str, list[int]]] = []
+    self.colocated: list[tuple[str, list[str], list[str]]] = []
+    for node in full.node:
+      if node.name in placeholders:
+        continue
+      copied = self.graph_def.node.add()
+      copied.CopyFrom(node)
+      sources = [name.lstrip("^").split(":")[0] for name in node.input]
+      if all(source in placeholders for source in sources):
+        self.roots.append((node.name, [i for i, (_, internal) in enumerate(self.captures)
+                                       if internal.op.name in sources]))
+      if "_class" in copied.attr:
+        targets = [loc.decode()[len("loc:@"):] for loc in copied.attr["_class"].list.s]
+        outside = [t for t in targets if t not in kept]
+        if outside:
+          self.colocated.append((node.name, [t for t in targets if t in kept], outside))
+          del copied.attr["_class"]
+    self.capture_op_names = {internal.op.name: i
+                             for i, (_, internal) in enumerate(self.captures)}
+
+  def copy(self, graph) -> Any:
+    """A copy of the step's ops in `graph` (the default graph); its outputs."""
+    bound = [graph.capture(external) for external, _ in self.captures]
+    input_map = {internal.name: bound[i] for i, (_, internal) in enumerate(self.captures)}
+    wanted = [name for kind, name in self.outputs if kind == "copy"]
+    op_names = [name for name, _ in self.roots] + [name for name, _, _ in self.colocated]
+    # Outside any tf.control_dependencies block: TensorFlow's importer fails in one
+    # (it compares ops with tensors); the roots get the block's control inputs below.
+    with graph.control_dependencies(None):
+      returned = tf.compat.v1.import_graph_def(
+          self.graph_def, input_map=input_map, return_elements=wanted + op_names, name=_NAME)
+    tensors, ops = returned[:len(wanted)], returned[len(wanted):]
+    roots, colocated = ops[:len(self.roots)], ops[len(self.roots):]
+    for op, (_, inputs) in zip(roots, self.roots):
+      tf_internals.control_inputs_for(op, [bound[i] for i in inputs])
+    for op, (name, inside, outside) in zip(colocated, self.colocated):
+      scope = op.name[:len(op.name) - len(name)]
+      names = [scope + target for target in inside] + [
+          bound[self.capture_op_names[t]].op.name if t in self.capture_op_names else t
+          for t in outside]
+      tf_internals.set_colocation(op, names)
+    copied = iter(tensors)
+    flat = [None if kind == "none" else bound[where] if kind == "capture" else next(copied)
+            for kind, where in self.outputs]
+    return tf.nest.pack_sequence_as(self.structure, flat)
+
+
+class StepCopies:
+  """`step()` traced once per graph it is called in, then copied (module docstring)."""
+
+  def __init__(self, step: Callable[[], Any], what: str = "train_step"):
+    self._step, self._what = step, what
+    # Per graph: its trace, or None where the step is traced in place.
+    self._traced: "weakref.WeakKeyDictionary[tf.Graph, _Traced | None]" = (
+        weakref.WeakKeyDictionary())
+    self._said = False
+
+  @tf.autograph.experimental.do_not_convert
+  def __call__(self) -> Any:
+    graph = tf.compat.v1.get_default_graph()
+    if graph not in self._traced:
+      traced, returned = tf_internals.trace_graph(_NAME, self._step)
+      reason = _not_copyable(traced, returned)
+      if reason:
+        if not self._said:
+          logging.info("%s is traced at every step of a closure: %s", self._what, reason)
+          self._said = True
+        self._traced[graph] = None
+      else:
+        self._traced[graph] = _Traced(traced)
+    traced = self._traced[graph]
+    if traced is None:
+      with tf_internals.autograph_on():  # As a step called from the converted closure is.
+        return self._step()
+    return traced.copy(graph)
+
+
+def _not_copyable(graph, returned: Any) -> str | None:
+  """Why `graph`, the step's trace, which returned `returned`, cannot be copied; None
+  if it can."""
+  if tf_internals.has_deferred_captures(graph):
+    return "it takes a value resolved only when it runs (a per-worker resource)"
+  if not all(t is None or isinstance(t, tf.Tensor) for t in tf.nest.flatten(returned)):
+    return "it returns something other than tensors"
+  return None
