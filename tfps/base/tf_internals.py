@@ -320,7 +320,7 @@ def has_deferred_captures(graph) -> bool:
 
 
 def set_colocation(op: tf.Operation, names: Sequence[str]) -> None:
-  """Colocates `op` with the ops of `graph` named `names` (its `_class` attribute, as
+  """Colocates `op` with the ops named `names` in its graph (its `_class` attribute, as
   `tf.compat.v1.colocate_with` sets it)."""
   from tensorflow.core.framework import attr_value_pb2  # pylint: disable=import-outside-toplevel
   op._set_attr("_class", attr_value_pb2.AttrValue(  # pylint: disable=protected-access

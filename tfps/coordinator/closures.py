@@ -8,7 +8,7 @@
   loop whose every iteration runs `unroll` more. With the defaults (50 and
   50) it has no loop at all, the cheapest form per step, and the dearest
   to make ready: training stops while it is traced and instantiated on the
-  workers;
+  workers (the step is traced once per graph and copied, `step_copies`);
 * the fast-start closure of the same size, built the same way with
   `FAST_UNROLL` steps per loop iteration: ready in a fraction of that time
   and a few percent slower per step (figures: docs/recovery.md "Fast start");
