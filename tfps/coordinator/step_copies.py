@@ -46,11 +46,12 @@ class _Traced:
     self.structure = graph.structured_outputs
     outputs = tf.nest.flatten(self.structure)
     self.captures = list(graph.captures)  # (external, placeholder)
-    placeholders = {internal.op.name for _, internal in self.captures}
+    # Each capture's placeholder op by name: its place in `captures`.
+    self.capture_index = {internal.op.name: i for i, (_, internal) in enumerate(self.captures)}
+    placeholders = self.capture_index.keys()
     # An output that is a captured tensor itself is that tensor, not a copy.
-    by_placeholder = {internal.name: i for i, (_, internal) in enumerate(self.captures)}
     self.outputs = [("none", None) if t is None else
-                    ("capture", by_placeholder[t.name]) if t.name in by_placeholder
+                    ("capture", self.capture_index[t.op.name]) if t.op.name in placeholders
                     else ("copy", t.name) for t in outputs]
     full = graph.as_graph_def()
     self.graph_def = tf.compat.v1.GraphDef()
@@ -69,16 +70,13 @@ class _Traced:
       copied.CopyFrom(node)
       sources = [name.lstrip("^").split(":")[0] for name in node.input]
       if all(source in placeholders for source in sources):
-        self.roots.append((node.name, [i for i, (_, internal) in enumerate(self.captures)
-                                       if internal.op.name in sources]))
+        self.roots.append((node.name, sorted({self.capture_index[x] for x in sources})))
       if "_class" in copied.attr:
         targets = [loc.decode()[len("loc:@"):] for loc in copied.attr["_class"].list.s]
         outside = [t for t in targets if t not in kept]
         if outside:
           self.colocated.append((node.name, [t for t in targets if t in kept], outside))
           del copied.attr["_class"]
-    self.capture_op_names = {internal.op.name: i
-                             for i, (_, internal) in enumerate(self.captures)}
 
   def copy(self, graph) -> Any:
     """A copy of the step's ops in `graph` (the default graph); its outputs."""
@@ -98,7 +96,7 @@ class _Traced:
     for op, (name, inside, outside) in zip(colocated, self.colocated):
       scope = op.name[:len(op.name) - len(name)]
       names = [scope + target for target in inside] + [
-          bound[self.capture_op_names[t]].op.name if t in self.capture_op_names else t
+          bound[self.capture_index[t]].op.name if t in self.capture_index else t
           for t in outside]
       tf_internals.set_colocation(op, names)
     copied = iter(tensors)
