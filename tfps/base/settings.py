@@ -63,7 +63,7 @@ RUN_SETTINGS = (
             'Steps in one remote closure on a worker.'),
     Setting("fast_start", "training", "bool", True,
             'Start each coordinator with fast-start closures (5 steps per loop iteration: '
-            "ready in seconds, ~4% slower) and write the closures out once the run's "
+            "ready in seconds, ~9% slower per step) and write the closures out once the run's "
             'training left repays it (with --trace_cache: the write-out outlasts the '
             'coordinator), else once the coordinator has lived long enough to repay it, or '
             "at once when this run's recent coordinators lived that long."),
