@@ -11,7 +11,7 @@
   workers (the step is traced once per graph and copied, `step_copies`);
 * the fast-start closure of the same size, built the same way with
   `FAST_UNROLL` steps per loop iteration: ready in a fraction of that time
-  and a few percent slower per step (figures: docs/recovery.md "Fast start");
+  and ~9 % slower per step (figures: docs/recovery.md "Fast start");
 * every other size (a loop's last closure, or closures shrunk so that each
   worker gets one): one step per loop iteration, traced once for all sizes.
 

@@ -77,19 +77,23 @@ class _Traced:
         if outside:
           self.colocated.append((node.name, [t for t in targets if t in kept], outside))
           del copied.attr["_class"]
+    # What each copy's import returns: the copied outputs, then the roots' and the
+    # colocated ops (the same names at every copy).
+    self.wanted = [name for kind, name in self.outputs if kind == "copy"]
+    self.return_elements = (self.wanted + [name for name, _ in self.roots]
+                            + [name for name, _, _ in self.colocated])
 
   def copy(self, graph) -> Any:
     """A copy of the step's ops in `graph` (the default graph); its outputs."""
     bound = [graph.capture(external) for external, _ in self.captures]
     input_map = {internal.name: bound[i] for i, (_, internal) in enumerate(self.captures)}
-    wanted = [name for kind, name in self.outputs if kind == "copy"]
-    op_names = [name for name, _ in self.roots] + [name for name, _, _ in self.colocated]
     # Outside any tf.control_dependencies block: TensorFlow's importer fails in one
     # (it compares ops with tensors); the roots get the block's control inputs below.
     with graph.control_dependencies(None):
       returned = tf.compat.v1.import_graph_def(
-          self.graph_def, input_map=input_map, return_elements=wanted + op_names, name=_NAME)
-    tensors, ops = returned[:len(wanted)], returned[len(wanted):]
+          self.graph_def, input_map=input_map, return_elements=self.return_elements,
+          name=_NAME)
+    tensors, ops = returned[:len(self.wanted)], returned[len(self.wanted):]
     roots, colocated = ops[:len(self.roots)], ops[len(self.roots):]
     for op, (_, inputs) in zip(roots, self.roots):
       tf_internals.control_inputs_for(op, [bound[i] for i in inputs])
