@@ -8,7 +8,8 @@ reaches its step (random schedules place faults by step, so they land while
 training runs on any host), or at its time, counted from the first progress
 record. A
 task taken down by a fault is held down (the orchestrator does not restart
-it) until its delay is over.
+it) until its delay is over; a fault due while its target is still down,
+paused or cut off from an earlier one waits for the target's return.
 
 At the end the run is checked: it reached `--train_steps`, the final
 checkpoint restores, every example of a completed epoch was trained on
@@ -50,6 +51,8 @@ from tfps.recovery import orchestrator
 from tfps.recovery import policy
 
 _POLL_SECONDS = 0.25
+# How long a SIGTERMed task may take to save and exit once its delay is over.
+_EXIT_GRACE_SECONDS = 30.0
 
 
 @dataclasses.dataclass
@@ -153,18 +156,23 @@ def _inject_until_done(cluster, runner, stop, pending, tracker, progress,
     step = max([step] + [r.step for r in records if not r.restored])
     if started is not None:
       elapsed = time.monotonic() - started
-      while pending and pending[0].due(elapsed, step, pending[0].at_standby
-                                       and _standby_prepared(event_log, since=began)):
-        fault = pending.pop(0)
-        if fault.active_chief:
-          fault = fault.aimed_at(_lease_holder(model_dir))
-        _inject(cluster, runner, fault)
-        tracker.injected(fault, wall_time=time.time(), since_start=elapsed)
-        if fault.back_after is not faults_lib.NEVER:
-          restores.append(_Restore(elapsed + fault.back_after, fault))
+      for fault in list(pending):
+        if not fault.due(elapsed, step, fault.at_standby
+                         and _standby_prepared(event_log, since=began)):
+          break  # In order: a later one is not due either (or waits for this one).
+        aimed = fault.aimed_at(_lease_holder(model_dir)) if fault.active_chief else fault
+        if aimed.target in {r.fault.target for r in restores}:
+          # Its target is still down (or paused, or cut off) from an earlier fault:
+          # it waits for the target's return; the faults on other tasks go on.
+          continue
+        pending.remove(fault)
+        _inject(cluster, runner, aimed)
+        tracker.injected(aimed, wall_time=time.time(), since_start=elapsed)
+        if aimed.back_after is not faults_lib.NEVER:
+          restores.append(_Restore(elapsed + aimed.back_after, aimed))
       for restore in [r for r in restores if r.at <= elapsed]:
-        restores.remove(restore)
-        _bring_back(cluster, runner, restore.fault)
+        if _bring_back(cluster, runner, restore.fault, overdue=elapsed - restore.at):
+          restores.remove(restore)
     stop.wait(_POLL_SECONDS)
 
 
@@ -203,25 +211,30 @@ def _inject(cluster, runner, fault: faults_lib.Fault) -> None:
   handle.kill(fault.action.signal)
 
 
-def _bring_back(cluster, runner, fault: faults_lib.Fault) -> None:
+def _bring_back(cluster, runner, fault: faults_lib.Fault, overdue: float = 0.0) -> bool:
+  """Brings `fault`'s target back, `overdue` seconds after its delay ended; False
+  while a SIGTERMed one is still saving and exiting (asked again at the next poll,
+  while the other faults go on), for up to `_EXIT_GRACE_SECONDS`."""
   handle = cluster.tasks[fault.target]
   if fault.action == faults_lib.FaultAction.CUT:
     logging.warning("chaos: link of %s up again", fault.target)
     cluster.heal(fault.target)
-    return
+    return True
   if fault.action == faults_lib.FaultAction.STOP:
     logging.warning("chaos: SIGCONT %s", fault.target)
     handle.resume()
-    return
-  if handle.alive:  # SIGTERM: it may still be saving/exiting; let it finish.
-    try:
-      handle.wait(timeout=30)
-    except TimeoutError:
-      handle.kill(signal.SIGKILL)
-      handle.wait(timeout=10)
+    return True
+  if handle.alive:  # SIGTERM: it may still be saving and exiting; let it finish.
+    if overdue < _EXIT_GRACE_SECONDS:
+      return False
+    logging.warning("chaos: %s still running %.0fs after its SIGTERM's delay: SIGKILL",
+                    fault.target, overdue)
+    handle.kill(signal.SIGKILL)
+    handle.wait(timeout=10)
   logging.warning("chaos: starting %s again (exited %s)", fault.target, handle.returncode)
   runner.held.discard(fault.target)
   handle.start()
+  return True
 
 
 def _goodput_and_timeline(model_dir: str, report: dict) -> dict:
