@@ -30,6 +30,21 @@ def test_plan_closures(num_steps, per_closure, workers, expected):
   assert sum(sizes) == num_steps
 
 
+@pytest.mark.parametrize("num_ps, trace_cache, asked, builds", [
+    (2, True, True, True),
+    (1, True, True, False),  # No failover leaves a ps.
+    (3, True, True, False),  # Where a failover puts each variable is not foreseen.
+    (2, False, True, False),  # Nothing stored to rebuild the graph from.
+    (2, True, False, False),
+])
+def test_failover_graphs_are_built_for_two_ps_with_stored_traces_when_asked(
+    num_ps, trace_cache, asked, builds):
+  from tfps.cluster import spec as spec_lib  # pylint: disable=import-outside-toplevel
+  cluster = spec_lib.ClusterSpec.from_dict({
+      "chief": ["h:1"], "ps": [f"h:{10 + i}" for i in range(num_ps)], "worker": ["h:2"]})
+  assert trainer_lib.builds_failover_graphs(cluster, trace_cache, asked) is builds
+
+
 def test_plain_trainer_runs_under_ps_with_one_changed_line(runtime):
   # The trainer is ordinary: it trains on one machine as written...
   _, _, step, trainer = linear_models.linear_parts()

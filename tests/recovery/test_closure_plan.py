@@ -177,6 +177,22 @@ def test_with_stored_traces_the_first_coordinator_and_any_stored_write_out_are_k
       closure_plan.COLD.break_even_seconds)
 
 
+def test_a_traced_write_out_whose_failover_graph_is_built_after_it_costs_that_build_too():
+  # Coordinators that lived 300 s each, at 100 steps/s, and 210 s of training left:
+  # enough to repay the write-out alone, not the write-out and its failover graph.
+  with_graph = closure_plan.MEASURED_WITH_FAILOVER_GRAPH
+  assert with_graph.write_out_seconds > closure_plan.MEASURED.write_out_seconds
+  assert with_graph.looped_speed == closure_plan.MEASURED.looped_speed
+  assert closure_plan.MEASURED.break_even_seconds < 210 < with_graph.break_even_seconds
+  history = _loops(0, 300) + _loops(310, 300)
+  steps = history[-1].step + 210 * 100
+  alone, _, _ = closure_plan.plans(history, [], trace_cache=True, train_steps=steps)
+  assert alone == 0.0  # Written out at once.
+  traced, _, _ = closure_plan.plans(history, [], trace_cache=True, train_steps=steps,
+                                    failover_graph=True)
+  assert traced == with_graph.break_even_seconds  # Looped: it would not repay both.
+
+
 def test_a_cold_write_out_in_a_short_run_stays_looped():
   # A failover coordinator with less training left than its workers' optimization
   # of the written-out closure would repay: looped until the end.

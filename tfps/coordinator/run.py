@@ -142,17 +142,20 @@ class _Controller(orbit.Controller):
     return self.restored
 
 
-def _looped_seconds(config: CoordinatorConfig) -> closure_plan.Plans:
+def _looped_seconds(config: CoordinatorConfig, runtime) -> closure_plan.Plans:
   """How long this coordinator trains looped before writing out (`closure_plan`), by
-  what its write-out costs: traced here, stored by an earlier coordinator, or stored
-  but cold on the workers."""
+  what its write-out costs: traced here (and its failover graph built ahead, as
+  `PSTrainer` has it built), stored by an earlier coordinator, or stored but cold on
+  the workers."""
   if not config.fast_start:
     return closure_plan.Plans(0.0, 0.0, 0.0)
   records = progress_log.ProgressLog(config.model_dir).read_new()  # This run's, so far.
   events = events_lib.EventLog(config.model_dir).read()
   return closure_plan.plans(records, events, trace_cache=config.trace_cache,
                             replaced_soon=bool(config.tasks_expected_back),
-                            train_steps=config.train_steps)
+                            train_steps=config.train_steps,
+                            failover_graph=trainer_lib.builds_failover_graphs(
+                                runtime.cluster, config.trace_cache, config.failover_graphs))
 
 
 def _learn_step_seconds(trainer: "trainer_lib.PSTrainer", config: CoordinatorConfig,
@@ -185,7 +188,7 @@ def _adapt_trainer(experiment: experiment_lib.Experiment, runtime: strategy_lib.
   `saved_ledger`: the input ledger of the checkpoint it restores, if any."""
   trainer = experiment.trainer if config.mode != Mode.EVAL else None
   if isinstance(trainer, orbit.StandardTrainer) and not isinstance(trainer, trainer_lib.PSTrainer):
-    looped = _looped_seconds(config)
+    looped = _looped_seconds(config, runtime)
     options = trainer_lib.LoopOptions(
         steps_per_closure=config.steps_per_closure,
         max_closure_seconds=config.max_closure_seconds,

@@ -94,6 +94,13 @@ _SILENT_RECHECK_SECONDS = 2.0
 _now = time.monotonic  # That recheck's clock (a test moves it).
 
 
+def builds_failover_graphs(cluster, trace_cache: Any, failover_graphs: bool) -> bool:
+  """Whether a `PSTrainer` on `cluster` has its workers build failover graphs ahead:
+  asked for (`failover_graphs`), traces kept (`trace_cache`), and exactly 2 ps."""
+  return bool(trace_cache) and failover_graphs and (
+      failover_graphs_lib.failover_view(cluster) is not None)
+
+
 def plan_closures(num_steps: int, steps_per_closure: int, num_workers: int) -> list[int]:
   """Splits a loop of `num_steps` into closure sizes that keep all workers busy.
 
@@ -534,12 +541,14 @@ class PSTrainer(orbit.StandardTrainer):
       variables_root = self._variables_root()
     closures = self._closures
     closures.choose_full_size(full_size, cache=cache, variables_root=variables_root)
-    if cache is not None and self._failover_graphs and failover_graphs_lib.failover_view(
-        self._runtime.cluster) is not None:
+    if cache is not None and builds_failover_graphs(self._runtime.cluster, True,
+                                                    self._failover_graphs):
       self._failover = failover_graphs_lib.FailoverGraphs(
           warm_call=closures.failover_warm_calls, cache=cache, variables_root=variables_root,
           cluster=self._runtime.cluster, coordinator=self._runtime.coordinator)
     looped_seconds, costs = self._looped_seconds, closure_plan.MEASURED
+    if self._failover is not None:  # The workers build its failover graph after it.
+      costs = closure_plan.MEASURED_WITH_FAILOVER_GRAPH
     if self._looped_seconds_stored is not None and closures.write_out_stored():
       looped_seconds, costs = self._looped_seconds_stored, closure_plan.STORED
       if self._looped_seconds_cold is not None and self._write_out_cold(cache, variables_root):

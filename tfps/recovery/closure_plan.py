@@ -98,6 +98,11 @@ class SwitchCosts:
 # 15.9, ~0.7 s of it training) at the first write-out of ten faulty runs on
 # the ctr (docs/recovery.md "Fast start").
 MEASURED = SwitchCosts(write_out_seconds=15.0)
+# A write-out traced here on a cluster of 2 ps whose workers then build its failover
+# graph ahead (`fast_restart.failover_graphs`): that build is the write-out's price too,
+# the loop in which both workers optimize it (7.6 s and 8.7 s lost in two fresh runs of
+# the ctr, 2026-12-07; docs/recovery.md "Goodput").
+MEASURED_WITH_FAILOVER_GRAPH = SwitchCosts(write_out_seconds=MEASURED.write_out_seconds + 8.0)
 # A write-out whose closures an earlier coordinator traced (`trace_cache`):
 # only the workers' instantiation is left (first loop ~7.1 s against ~2.2 s
 # for the stored fast start; docs/recovery.md "Stored traces"), less where
@@ -246,21 +251,23 @@ class Plans(NamedTuple):
 
 def plans(records: Sequence[progress_log.Progress], events: Sequence[events_lib.Event], *,
           trace_cache: bool, replaced_soon: bool = False,
-          train_steps: int | None = None) -> Plans:
+          train_steps: int | None = None, failover_graph: bool = False) -> Plans:
   """`plan` for a coordinator starting now, for each cost of its write-out.
 
   With `trace_cache` a stored write-out outlasts the coordinator. So does
   one traced by the run's first coordinator, which stores it. A later
   coordinator that has to trace found nothing stored that fits (its
   predecessor died before storing it, or the trace cannot be stored): it
-  plans by lives.
+  plans by lives. `failover_graph`: the workers build a traced write-out's
+  failover graph ahead (`MEASURED_WITH_FAILOVER_GRAPH`).
   """
   first = not any(record.restored for record in records)
   stored = [plan(records, events, costs, replaced_soon=replaced_soon,
                  train_steps=train_steps, kept=trace_cache) for costs in (STORED, COLD)]
   # A cold write-out's first loop would wait for every worker's optimization;
   # a looped one trains at once. The write-out costs the same a loop later.
-  return Plans(traced=plan(records, events, MEASURED, replaced_soon=replaced_soon,
+  traced = MEASURED_WITH_FAILOVER_GRAPH if failover_graph else MEASURED
+  return Plans(traced=plan(records, events, traced, replaced_soon=replaced_soon,
                            train_steps=train_steps, kept=trace_cache and first),
                stored=stored[0], cold=max(stored[1], MEASURING_SECONDS))
 
