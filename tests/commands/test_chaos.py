@@ -1,6 +1,9 @@
-"""`tfps chaos`'s checks of a run's result (tfps.commands.chaos)."""
+"""`tfps chaos`: the checks of a run's result, and how its faults are injected and undone
+(tfps.commands.chaos)."""
 
 import pytest
+
+from tfps.base import errors
 
 pytestmark = pytest.mark.tf
 
@@ -115,9 +118,6 @@ def _inject(faults: str, until: float, exits_after: float = 0.0) -> list:
     monkey.undo()
   assert not pending
   return log
-
-
-from tfps.base import errors  # pylint: disable=wrong-import-position
 
 
 def test_a_fault_on_a_task_still_down_waits_for_its_return_and_the_others_do_not():
