@@ -96,7 +96,8 @@ _now = time.monotonic  # That recheck's clock (a test moves it).
 
 def builds_failover_graphs(cluster, trace_cache: Any, failover_graphs: bool) -> bool:
   """Whether a `PSTrainer` on `cluster` has its workers build failover graphs ahead:
-  asked for (`failover_graphs`), traces kept (`trace_cache`), and exactly 2 ps."""
+  asked for (`failover_graphs`), traces kept (`trace_cache`: a flag or the cache, None
+  when off), and exactly 2 ps."""
   return bool(trace_cache) and failover_graphs and (
       failover_graphs_lib.failover_view(cluster) is not None)
 
@@ -541,8 +542,7 @@ class PSTrainer(orbit.StandardTrainer):
       variables_root = self._variables_root()
     closures = self._closures
     closures.choose_full_size(full_size, cache=cache, variables_root=variables_root)
-    if cache is not None and builds_failover_graphs(self._runtime.cluster, True,
-                                                    self._failover_graphs):
+    if builds_failover_graphs(self._runtime.cluster, cache, self._failover_graphs):
       self._failover = failover_graphs_lib.FailoverGraphs(
           warm_call=closures.failover_warm_calls, cache=cache, variables_root=variables_root,
           cluster=self._runtime.cluster, coordinator=self._runtime.coordinator)
