@@ -30,7 +30,7 @@ def test_short_chaos_run_recovers_a_worker_and_two_chief_takeovers(tfps, tmp_pat
       f"--experiment_params={chief_run.SMALL_CTR}", "--global_batch_size=128",
       # Placed by step: each lands while training runs, however fast the host.
       "--hosts=netns", "--chief_standby",
-      "--faults=worker:1@step100:kill+2,chief:0@step300:stop+4,chief:1@step600:cut+5",
+      "--faults=worker:1@step100:kill+2,chief:0@step300:stop+6,chief:1@step600:cut+5",
       "--train_steps=1000", "--steps_per_loop=100", "--checkpoint_interval=200",
       "--steps_per_closure=10",  # Less to trace at each coordinator start.
       "--worker_timeout=60"], timeout=600)

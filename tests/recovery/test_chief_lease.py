@@ -21,6 +21,9 @@ Verdict = chief_lease.Verdict
     (View(3, "a", end_code=1, silent_seconds=9), None, Verdict.ENDED),  # ... or failed.
     (View(3, "a", end_code=2), None, Verdict.ENDED),
     (View(3, "a", silent_seconds=0.1, holder_gone=True), None, Verdict.TAKE),  # Its process died.
+    # Silent, but its process lives (paused or starved): three leases, not one.
+    (View(3, "a", silent_seconds=2.9, holder_present=True), None, Verdict.WAIT),
+    (View(3, "a", silent_seconds=3.0, holder_present=True), None, Verdict.TAKE),
     (View(3, "a", end_code=0, holder_gone=True), None, Verdict.ENDED),  # Ended, then exited.
     (View(3, "a", silent_seconds=9), 3, Verdict.HOLD),  # Ours, whatever the reader saw.
     (View(4, "b"), 3, Verdict.SUPERSEDED),  # Taken from us while we did not beat.

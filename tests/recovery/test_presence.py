@@ -52,3 +52,15 @@ def test_a_port_nobody_serves_is_gone_and_a_stopped_watch_says_nothing():
     assert second.gone.wait(timeout=10)  # The server took the first one's leaving in its stride.
   finally:
     processes.stop_group(process, grace=0)
+
+
+def test_a_paused_holder_s_host_still_answers_a_new_connection_and_a_free_port_does_not():
+  process, port = _holder()
+  try:
+    watch = presence.PresenceWatch(f"localhost:{port}")
+    process.send_signal(signal.SIGSTOP)  # Its kernel still completes connections.
+    assert watch.answers(timeout=5)
+  finally:
+    processes.stop_group(process, grace=0)
+  assert not presence.PresenceWatch(
+      f"localhost:{portpicker.pick_unused_port()}").answers(timeout=5)

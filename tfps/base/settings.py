@@ -140,7 +140,8 @@ RUN_SETTINGS = (
             'back (with --ps_readmit=measured: before it may be).'),
     Setting("chief_lease_seconds", "supervision", "float", 1.0,
             'chief with a standby replica (two chief addresses): seconds without the active '
-            "chief's heartbeat before the standby takes over."),
+            "chief's heartbeat before the standby takes over (three times that while the "
+            "active chief's host still answers: its process paused or starved)."),
     Setting("lease_generation", "supervision", "integer", 0,
             'chief, internal: the chief lease generation a coordinator runs under.'),
     Setting("exclude_tasks", "supervision", "list", (),

@@ -18,7 +18,13 @@ A standby takes generation N+1 when beat-N has not changed for
 `lease_seconds` by its own clock (no two hosts' clocks are compared), at once
 when end-N says the holder let go (a retryable exit: 143, 170) or when the
 holder's process is known to be gone (its presence connection closed), and
-exits with the holder's code when the run is over (0, 1, 2, 130).
+exits with the holder's code when the run is over (0, 1, 2, 130). A holder
+whose beat is silent while its process is known to live (`holder_present`:
+its presence connection open and its host answering, `presence`) is
+paused, or starved by a loaded host (a 2-core host under load has starved
+one for 1.1 s): the standby then waits `PRESENT_LEASES` leases, so that a
+slow holder is not taken from and the replicas do not take the lease back
+and forth; a lost or cut off host answers nothing, and one lease decides.
 
 Fencing: whoever holds generation N stops the moment generation N+1
 exists. Its supervisor kills its coordinator; the coordinator itself checks
@@ -57,6 +63,8 @@ DIR_NAME = "chief_lease"
 _FINAL_CODES = frozenset({errors.ExitCode.OK, errors.ExitCode.PERMANENT, errors.ExitCode.USAGE,
                           errors.ExitCode.INTERRUPTED})
 _GENERATION = re.compile(r"generation-(\d+)$")
+# Leases a standby waits out while the holder's presence connection is open.
+PRESENT_LEASES = 3
 
 
 def holder_named(task: str, address: str, pid: int) -> str:
@@ -104,7 +112,9 @@ class LeaseView:
   `generation` 0: nobody ever took it. `silent_seconds`: how long the
   holder's beat has not changed, by the reader's clock. `presence`: the
   holder's presence port; `holder_gone`: its process is known to be gone
-  (`presence.PresenceWatch`, seen before the files were read).
+  (`presence.PresenceWatch`, seen before the files were read);
+  `holder_present`: its process is known to live (its presence connection open
+  and its host answering a new one).
   """
 
   generation: int
@@ -113,6 +123,7 @@ class LeaseView:
   silent_seconds: float = 0.0
   presence: str | None = None
   holder_gone: bool = False
+  holder_present: bool = False
 
 
 def judge(view: LeaseView, *, mine: int | None, lease_seconds: float) -> Verdict:
@@ -125,6 +136,8 @@ def judge(view: LeaseView, *, mine: int | None, lease_seconds: float) -> Verdict
     return Verdict.ENDED if view.end_code in _FINAL_CODES else Verdict.TAKE
   if view.holder_gone:  # Its process died: no beat will come, and no end.
     return Verdict.TAKE
+  if view.holder_present:  # Alive: paused, starved, or its host lost.
+    lease_seconds *= PRESENT_LEASES
   return Verdict.TAKE if view.silent_seconds >= lease_seconds else Verdict.WAIT
 
 

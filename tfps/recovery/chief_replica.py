@@ -44,6 +44,8 @@ from tfps.recovery import supervisor as supervisor_lib
 # How often a standby reads the lease: its share of a takeover's time.
 _POLL_SECONDS = 0.05
 _FIRST_TAKE_LEASES = 10  # Replica 1 waits this many leases for replica 0 to start the run.
+# How long a probe of a silent holder's host waits, and how often it is made.
+_PROBE_SECONDS = 0.25
 
 
 class ClusterSight:
@@ -84,9 +86,21 @@ class _Watched:
   def __init__(self):
     self._key: tuple[int, str] | None = None
     self._watch: presence_lib.PresenceWatch | None = None
+    self._probed: tuple[float, bool] | None = None  # (when, answered) of the last probe.
 
   def gone(self) -> bool:
     return self._watch is not None and self._watch.gone.is_set()
+
+  def present(self, now: float) -> bool:
+    """Whether the watched holder's process lives as far as can be seen: connected to its
+    presence port, not ended, and its host accepted a new connection lately (probed at
+    most every `_PROBE_SECONDS`: a paused holder's kernel queues each probe)."""
+    if (self._watch is None or not self._watch.watching.is_set()
+        or self._watch.gone.is_set()):
+      return False
+    if self._probed is None or now - self._probed[0] >= _PROBE_SECONDS:
+      self._probed = (now, self._watch.answers(timeout=_PROBE_SECONDS))
+    return self._probed[1]
 
   def follow(self, view: chief_lease.LeaseView) -> bool:
     """Watches `view`'s holder; whether it is the one watched before this reading."""
@@ -94,7 +108,7 @@ class _Watched:
     if key == self._key:
       return key is not None
     self.stop()
-    self._key = key
+    self._key, self._probed = key, None
     if key is not None:
       self._watch = presence_lib.PresenceWatch(view.presence).start()
     return False
@@ -160,9 +174,12 @@ class ChiefReplica:
     while not self._stop.requested:
       # Gone before the files are read: a holder that wrote its end and then
       # exited is seen ending, not gone.
-      gone = watched.gone()
-      view = self._store.view(watch, self._clock())
+      gone, now = watched.gone(), self._clock()
+      view = self._store.view(watch, now)
       view = dataclasses.replace(view, holder_gone=watched.follow(view) and gone)
+      if view.silent_seconds >= self._config.lease_seconds and not view.holder_gone:
+        # Silent a lease: is its process there (paused or starved), or its host lost?
+        view = dataclasses.replace(view, holder_present=watched.present(now))
       verdict = chief_lease.judge(view, mine=None, lease_seconds=self._config.lease_seconds)
       fresh = self._fresh(view)
       if verdict == chief_lease.Verdict.ENDED and fresh:
@@ -224,7 +241,8 @@ class ChiefReplica:
       return
     why = (f"it let go (exit code {view.end_code})" if view.end_code is not None
            else "its process is gone (its presence port closed)" if view.holder_gone
-           else f"its heartbeat stopped {view.silent_seconds:.1f}s ago")
+           else f"its heartbeat stopped {view.silent_seconds:.1f}s ago"
+           + (" (its process lives: paused or starved)" if view.holder_present else ""))
     logging.warning("taking over from %s: %s; lease generation %d", view.holder, why,
                     generation)
     task = f"chief:{self._replica}"

@@ -11,9 +11,12 @@ connection (nobody listens there any more), says the holder's process is
 gone, and the standby need not wait out the lease.
 
 A host that is lost, paused, or cut off closes nothing: the connection
-stays open (or times out), and the lease decides, as before. So presence
-only ever shortens a takeover; it never causes one that the lease would
-not have caused a second later, and fencing makes either safe.
+stays open (or times out), and the lease decides, as before. A holder
+whose process is paused or starved (a loaded host) also beats late; to
+tell it from a lost host, the standby opens a new connection to the port
+(`PresenceWatch.answers`): the holder's kernel completes it whatever its
+process does, a lost or cut off host does not. A process known to live is
+given more time (`chief_lease.PRESENT_LEASES`) before it is taken from.
 """
 
 import selectors
@@ -106,6 +109,16 @@ class PresenceWatch:
       self._said_gone("its presence connection closed")
     except OSError as e:
       self._said_gone(f"its presence connection failed ({e.strerror or e})")
+
+  def answers(self, timeout: float) -> bool:
+    """Whether the holder's host accepts a new connection to its presence port within
+    `timeout`: its process is there (maybe paused or starved), and its host is up."""
+    host, _, port = self.address.rpartition(":")
+    try:
+      socket.create_connection((host, int(port)), timeout=timeout).close()
+      return True
+    except (OSError, ValueError):
+      return False
 
   def _said_gone(self, why: str) -> None:
     if not self._stopped:
