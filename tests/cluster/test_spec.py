@@ -173,3 +173,14 @@ def test_without_renumbers_the_rest_of_each_job():
                TaskId(JobType.WORKER, 0), TaskId(JobType.CHIEF, 0)):
     assert reduced.address(spec_lib.renumbered(task, left_out)) == cluster.address(task)
   assert spec_lib.renumbered(TaskId(JobType.PS, 0), left_out) is None
+
+
+def test_a_chief_shares_a_host_when_a_ps_or_worker_has_its_host_part():
+  local = spec_lib.ClusterSpec.from_dict({"chief": ["localhost:1", "localhost:2"],
+                                      "ps": ["localhost:3"], "worker": ["localhost:4"]})
+  apart = spec_lib.ClusterSpec.from_dict({"chief": ["c0:1", "c1:1"], "ps": ["p0:1"],
+                                      "worker": ["w0:1", "c0:2"]})
+  chief = lambda i: spec_lib.TaskId(spec_lib.JobType.CHIEF, i)
+  assert spec_lib.shares_host(local, chief(1))
+  assert spec_lib.shares_host(apart, chief(0))  # A worker runs beside it.
+  assert not spec_lib.shares_host(apart, chief(1))  # Only the other chief on another host.

@@ -328,6 +328,45 @@ def test_a_restarted_single_task_trainer_on_files_is_not_traced_again(
   assert accounted.ok and accounted.trained_twice == 0, accounted
 
 
+def test_a_prepared_coordinator_is_stale_once_a_ps_is_gone_not_while_one_is_silent(
+    monkeypatch):
+  # A paused or cut off ps comes back with this coordinator's variables: the
+  # standby is kept (a takeover that must leave the ps out starts a cold one).
+  # A silent ps is never read (the read would wait). One whose process is gone
+  # (refused twice in a row) or that came back empty retires it.
+  Answer = coordinator_run.readiness.Answer
+  cluster = spec_lib.ClusterSpec.from_dict({"chief": ["c:1"], "ps": ["p:1", "p:2"],
+                                            "worker": ["w:1"]})
+  ps0, ps1 = spec_lib.TaskId.parse("ps:0"), spec_lib.TaskId.parse("ps:1")
+  said, emptied, read = {ps0: Answer.READY, ps1: Answer.SILENT}, set(), []
+
+  class Sentinels:
+    def lost(self, task):
+      read.append(task)
+      return f"{task} lost its variables" if task in emptied else None
+
+  monkeypatch.setattr(coordinator_run.readiness, "answers",
+                      lambda cluster, tasks, timeout: dict(said))
+  prepared = lambda: coordinator_run.Prepared(
+      config=None, factory=None, runtime=type("Runtime", (), {"cluster": cluster})(),
+      sentinels=Sentinels(), built=None, input_shards=None, workers_warm=0)
+  silent = prepared()
+  assert [silent.stale() for _ in range(5)] == [None] * 5  # ps:1 silent all along.
+  assert set(read) == {ps0}
+  said[ps1] = Answer.READY
+  emptied.add(ps1)  # It was restarted.
+  assert silent.stale() == "ps:1 lost its variables"
+  emptied.clear()
+  killed = prepared()
+  said[ps1] = Answer.REFUSED
+  assert killed.stale() is None  # One refusal is a blip ...
+  said[ps1] = Answer.READY
+  assert killed.stale() is None
+  said[ps1] = Answer.REFUSED
+  assert killed.stale() is None
+  assert killed.stale() == "ps:1 refused connections (its process is gone)"  # ... two are not.
+
+
 @pytest.mark.parametrize("experiment, params, positioned", [
     ("ctr", inprocess.SMALL_CTR, True),
     # Endless input, lookup tables in its dataset_fn: its closure (one for every

@@ -200,6 +200,19 @@ def renumbered(task: TaskId, left_out: Iterable[TaskId]) -> TaskId | None:
   return TaskId(task.job, task.index - before)
 
 
+def host_of(address: str) -> str:
+  """The host part of `host:port` ('[::1]:2222' -> '[::1]')."""
+  return address.rpartition(":")[0]
+
+
+def shares_host(cluster: ClusterSpec, task: TaskId) -> bool:
+  """Whether `task` runs on a host a ps or worker of `cluster` also runs on (by
+  their addresses' host parts: `tfps local` puts every task on localhost)."""
+  mine = host_of(cluster.address(task))
+  return any(host_of(cluster.address(other)) == mine for other in cluster.tasks()
+             if other.job in (JobType.PS, JobType.WORKER))
+
+
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
   """A validated cluster plus the role of this process in it."""

@@ -83,6 +83,7 @@ class _CoordinatorLauncher:
     self._loops = progress_log.CoordinatorLoops()  # The run's, read so far.
     self._trained = False  # Whether the current coordinator has ended a loop.
     self.lease_generation = 0  # With two chief replicas: the one held (chief_lease).
+    self._shares_host = spec_lib.shares_host(config.cluster, config.task)
     self._coordinators = standby.WarmCoordinators(
         self._command,
         env={**os.environ, exit_report.ENV_VAR: self.report_path,
@@ -132,9 +133,14 @@ class _CoordinatorLauncher:
   def stand_by(self) -> None:
     """What a standby chief replica does while it waits: once the holder's coordinator
     trains, keeps a hot standby (connected, built and its closures instantiated
-    ahead: `coordinator.run.prepare_ahead`); one that retired (a ps restarted)
-    is replaced once the cluster trains again."""
-    if self.trained() and not self._coordinators.prepare(hot=True):
+    ahead: `coordinator.run.prepare_ahead`). One that retired (a ps was lost) is
+    replaced at once: the new one imports while the cluster recovers, and
+    connects once it trains again (`commands.coordinate`), so a takeover in
+    between finds at least an imported coordinator. On a host that ps or workers
+    share (`tfps local`) its import would slow that recovery: it is replaced
+    once the cluster trains again."""
+    if self.trained() and not self._coordinators.prepare(
+        hot=True, replace_retired=not self._shares_host):
       self._trained = False
 
   def exit_report(self) -> exit_report.ExitReport | None:

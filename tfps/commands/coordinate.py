@@ -32,6 +32,7 @@ from tfps.recovery import events
 from tfps.recovery import exit_report
 from tfps.recovery import interrupts
 from tfps.recovery import policy
+from tfps.recovery import progress_log
 from tfps.recovery import standby
 
 # A hot standby (`_Ahead`): how long its preparation may take, how long it waits
@@ -83,10 +84,13 @@ def _stand_by(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, signall
 
 class _Ahead:
   """A hot standby's preparation (`coordinator.run.prepare_ahead`), done between looks
-  for its go: once every ps and worker answers, then checked on every look.
+  for its go: once the holder's coordinator has trained since this process started
+  (one that replaces a retired standby starts while the cluster recovers, and
+  must not take CPU or the workers from the coordinator that is restarting)
+  and every ps and worker answers, then checked on every look.
 
   A preparation that fails, takes longer than `_PREPARE_SECONDS`, or whose ps
-  restarted or went silent since retires the process (exit 0, quietly): TensorFlow
+  restarted since retires the process (exit 0, quietly): TensorFlow
   connects a process to one cluster once, so its supervisor starts another.
   """
 
@@ -98,6 +102,9 @@ class _Ahead:
     self._next_try = 0.0
     self._waiting_said = False
     self.prepared = None
+    self._progress = progress_log.ProgressLog(spec.model_dir)
+    self._progress.read_new()  # What was trained before this process started.
+    self._trained = False  # Whether the holder's coordinator has trained since.
 
   def idle(self) -> None:
     if self.prepared is not None:
@@ -105,7 +112,8 @@ class _Ahead:
       if why is not None:
         self._retire(f"its cluster changed: {why}")
       return
-    if time.monotonic() < self._next_try:
+    self._trained = self._trained or any(not r.restored for r in self._progress.read_new())
+    if not self._trained or time.monotonic() < self._next_try:
       return
     self._next_try = time.monotonic() + _RETRY_SECONDS
     cluster = self._settings.cluster

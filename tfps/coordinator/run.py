@@ -430,25 +430,25 @@ class Prepared:
   built: "_Built"
   input_shards: int | None  # The input shards its closures were built for (positioned).
   workers_warm: int  # Workers that instantiated its train closures ahead.
-  _silent: int = 0  # Checks in a row in which some ps did not answer.
+  _refused: int = 0  # Checks in a row in which some ps refused connections.
 
   def stale(self) -> str | None:
     """Why it can no longer take over, else None: a ps no longer holds what it
-    created there (it restarted), or did not answer twice in a row. Its
-    cluster is fixed (TensorFlow connects a process once): a new one must be
-    prepared."""
+    created there. Its cluster is fixed (TensorFlow connects a process once): a
+    new one must be prepared. A ps whose process is gone (it refused
+    connections twice in a row) or that came back empty (its sentinel read
+    fails) has lost it. A silent one (paused, cut off) is looked at again: it
+    comes back with its variables, and a takeover that must leave it out
+    starts a cold coordinator anyway (`recovery.standby`)."""
     ps = [t for t in self.runtime.cluster.tasks() if t.job == spec_lib.JobType.PS]
-    answered = readiness.reachable(self.runtime.cluster, ps, _STALE_PROBE_SECONDS)
-    silent = [t for t in ps if t not in answered]
-    self._silent = self._silent + 1 if silent else 0
-    if self._silent >= 2:
-      return f"{silent[0]} did not answer"
-    for task in ps:
-      if task in answered:
-        why = self.sentinels.lost(task)  # Only a ps that answered: a read could wait.
-        if why is not None:
-          return why
-    return None
+    answers = readiness.answers(self.runtime.cluster, ps, _STALE_PROBE_SECONDS)
+    refused = [t for t in ps if answers[t] == readiness.Answer.REFUSED]
+    self._refused = self._refused + 1 if refused else 0
+    if self._refused >= 2:
+      return f"{refused[0]} refused connections (its process is gone)"
+    # Only a ps that answered is read: a read of a silent one would wait.
+    return next(filter(None, (self.sentinels.lost(t) for t in ps
+                              if answers[t] == readiness.Answer.READY)), None)
 
 
 # A prepared coordinator's check of its ps waits this long for each.

@@ -27,7 +27,9 @@ A standby chief replica keeps a *hot* standby instead (`prepare(hot=True)`,
 coordinator ahead (`commands.coordinate`), marking first that it did so
 (`connected_path`): a takeover that must leave a task out gets a cold
 coordinator instead. One whose cluster changed (a ps restarted) retires,
-exit 0 before any go, which is not a death: the next is started when asked.
+exit 0 before any go, which is not a death: the next is started at the next
+`prepare` (or, on a host the cluster's tasks share, once the cluster trains
+again), and connects only once the cluster trains again.
 
 Pure plumbing, no TensorFlow: the coordinator side (`wait_for_go`, `mark_ready`,
 `mark_connected`) is called by `tfps run` after it has imported what a
@@ -212,11 +214,14 @@ class WarmCoordinators:
     self.stdout_path = self._current.stdout_path
     return self._current.process, False
 
-  def prepare(self, hot: bool = False) -> bool:
+  def prepare(self, hot: bool = False, *, replace_retired: bool = True) -> bool:
     """Starts the standby, if warm standbys are on and there is none (`hot`: one
     that also connects and builds ahead, `HOT_ENV_VAR`; one that is not is
-    replaced). False if a hot standby had retired (its cluster changed) and
-    none was started in its place: the caller waits for the cluster to train again."""
+    replaced). A hot standby that retired (its cluster changed) is replaced at
+    once if `replace_retired`: the new one imports while the cluster recovers
+    and connects once it trains again (`commands.coordinate`), so a takeover
+    meanwhile finds at least an imported coordinator. Otherwise none is
+    started, and False says so: the caller asks again once the cluster trains."""
     if self._standby is not None and self._standby.hot != hot:
       self._stop_standby()
     if self._standby is not None:
@@ -228,8 +233,10 @@ class WarmCoordinators:
       if child.hot and child.process.returncode == 0:
         logging.info("the hot standby coordinator (pid %d) retired: its cluster changed",
                      child.process.pid)
-        return False
-      self._standby_died(child)
+        if not replace_retired:
+          return False
+      else:
+        self._standby_died(child)
     if not self._warm:
       return True
     self._standby = self._new(self._command(()), self._env, subprocess.PIPE, "standby", hot)
