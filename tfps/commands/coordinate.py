@@ -90,7 +90,7 @@ class _Ahead:
   and every ps and worker answers, then checked on every look.
 
   A preparation that fails, takes longer than `_PREPARE_SECONDS`, or whose ps
-  restarted since retires the process (exit 0, quietly): TensorFlow
+  was lost since (`Prepared.stale`) retires the process (exit 0, quietly): TensorFlow
   connects a process to one cluster once, so its supervisor starts another.
   """
 

@@ -63,7 +63,8 @@ DIR_NAME = "chief_lease"
 _FINAL_CODES = frozenset({errors.ExitCode.OK, errors.ExitCode.PERMANENT, errors.ExitCode.USAGE,
                           errors.ExitCode.INTERRUPTED})
 _GENERATION = re.compile(r"generation-(\d+)$")
-# Leases a standby waits out while the holder's presence connection is open.
+# Leases a standby waits out while the holder's process is known to live
+# (`LeaseView.holder_present`).
 PRESENT_LEASES = 3
 
 
@@ -136,7 +137,7 @@ def judge(view: LeaseView, *, mine: int | None, lease_seconds: float) -> Verdict
     return Verdict.ENDED if view.end_code in _FINAL_CODES else Verdict.TAKE
   if view.holder_gone:  # Its process died: no beat will come, and no end.
     return Verdict.TAKE
-  if view.holder_present:  # Alive: paused, starved, or its host lost.
+  if view.holder_present:  # Its process lives: paused or starved.
     lease_seconds *= PRESENT_LEASES
   return Verdict.TAKE if view.silent_seconds >= lease_seconds else Verdict.WAIT
 

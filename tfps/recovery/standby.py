@@ -26,7 +26,7 @@ A standby chief replica keeps a *hot* standby instead (`prepare(hot=True)`,
 `HOT_ENV_VAR`): it also connects to the whole cluster and builds the
 coordinator ahead (`commands.coordinate`), marking first that it did so
 (`connected_path`): a takeover that must leave a task out gets a cold
-coordinator instead. One whose cluster changed (a ps restarted) retires,
+coordinator instead. One whose cluster changed (a ps was lost) retires,
 exit 0 before any go, which is not a death: the next is started at the next
 `prepare` (or, on a host the cluster's tasks share, once the cluster trains
 again), and connects only once the cluster trains again.
