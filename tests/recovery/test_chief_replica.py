@@ -89,62 +89,49 @@ def test_a_standby_takes_over_at_once_when_the_holder_process_is_gone(tmp_path):
   socket.create_connection((host, int(port)), timeout=5).close()
 
 
-def _silent_holder_with_presence(tmp_path, listener):
-  """Generation 1 held by a holder that beats no more, its presence port `listener`."""
+def _take_over_a_silent_holder(tmp_path, *, host_answers: bool):
+  """A standby takes over generation 1, whose holder beats no more and whose presence
+  port is a listener here: its readings before it took, and the takeover's detail.
+
+  The standby's watch connects to it first; then the listener stays (new
+  connections completed by the kernel, never accepted: a paused or starved
+  holder) or closes (new connections refused; the watch's own stays open)."""
   store = chief_lease.LeaseStore(str(tmp_path))
   store.take(1, "chief:0 (silent)")
   store.beat(1, 7)
-  store.set_presence(1, f"localhost:{listener.getsockname()[1]}")
-  return store
+  held, readings, watched = [], [], []
+  with socket.create_server(("localhost", 0)) as listener:
+    store.set_presence(1, f"localhost:{listener.getsockname()[1]}")
+    listener.settimeout(10)
 
+    def stand_by():
+      readings.append(1)
+      if not watched:  # The standby's watch connects before the lease runs out.
+        watched.append(listener.accept()[0])
+        if not host_answers:
+          listener.close()
 
-def _take_over(tmp_path, stand_by):
-  held = []
-  result = replica(tmp_path, 1).run(lambda generation, superseded: held.append(generation) or
-                                    Result(errors.ExitCode.OK, 0, "finished"),
-                                    stand_by=stand_by)
+    result = replica(tmp_path, 1).run(lambda generation, superseded: held.append(generation)
+                                      or Result(errors.ExitCode.OK, 0, "finished"),
+                                      stand_by=stand_by)
+    watched[0].close()
   assert held == [2] and result.exit_code == errors.ExitCode.OK
-  return events.EventLog(str(tmp_path)).read()[0].detail
+  return len(readings), events.EventLog(str(tmp_path)).read()[0].detail
 
 
 def test_a_silent_holder_whose_process_lives_is_given_three_leases(tmp_path):
-  # Like a paused or starved holder: its presence connection stays open and
-  # its kernel completes new connections (queued, never accepted). A holder
-  # starved for just over a lease on a loaded host is not taken from.
-  with socket.create_server(("localhost", 0)) as listener:
-    _silent_holder_with_presence(tmp_path, listener)
-    listener.settimeout(10)
-    stand_bys, watched = [], []
-
-    def stand_by():
-      stand_bys.append(1)
-      if not watched:  # The standby's watch connects before the lease runs out.
-        watched.append(listener.accept()[0])
-
-    detail = _take_over(tmp_path, stand_by)
-    watched[0].close()
+  # A holder starved for just over a lease on a loaded host is not taken from.
+  readings, detail = _take_over_a_silent_holder(tmp_path, host_answers=True)
   # Three leases of 1 s at 0.25 s a reading (one lease: 3 to 5 readings).
-  assert 11 <= len(stand_bys) <= 14, len(stand_bys)
+  assert 11 <= readings <= 14, readings
   assert "its process lives" in detail, detail
 
 
 def test_a_silent_holder_whose_host_answers_no_new_connection_is_given_one_lease(tmp_path):
-  # Its presence connection is still open (nothing closed it, as on a lost
-  # host), but nobody completes a new connection there: one lease decides.
-  with socket.create_server(("localhost", 0)) as listener:
-    _silent_holder_with_presence(tmp_path, listener)
-    listener.settimeout(10)
-    stand_bys, watched = [], []
-
-    def stand_by():
-      stand_bys.append(1)
-      if not watched:
-        watched.append(listener.accept()[0])
-        listener.close()  # New connections are refused from now on.
-
-    detail = _take_over(tmp_path, stand_by)
-    watched[0].close()
-  assert 3 <= len(stand_bys) <= 5, len(stand_bys)
+  # As on a lost host: its presence connection is still open, but nothing
+  # completes a new connection there.
+  readings, detail = _take_over_a_silent_holder(tmp_path, host_answers=False)
+  assert 3 <= readings <= 5, readings
   assert "heartbeat stopped" in detail and "its process lives" not in detail, detail
 
 
