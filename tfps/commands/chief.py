@@ -220,7 +220,7 @@ def supervise(config: spec_lib.TaskConfig, spec: run_spec.RunSpec, stop, *,
                                   renew_seconds=min(0.1, spec.chief_lease_seconds / 4)),
           replica=config.task.index, stop=stop, event_log=event_log, sees_cluster=sight,
           me=chief_lease.holder_named(str(config.task), config.address, os.getpid()),
-          presence_host=config.address.rpartition(":")[0])
+          presence_host=spec_lib.host_of(config.address))
 
       def hold(generation: int, superseded) -> supervisor.SupervisorResult:
         launcher.lease_generation = generation

@@ -89,9 +89,8 @@ class PresenceWatch:
     return self
 
   def _watch(self) -> None:
-    host, _, port = self.address.rpartition(":")
     try:
-      self._socket = socket.create_connection((host, int(port)), timeout=_CONNECT_SECONDS)
+      self._socket = socket.create_connection(self._host_port(), timeout=_CONNECT_SECONDS)
     except ConnectionRefusedError:
       self._said_gone("its presence port refuses connections")
       return
@@ -113,12 +112,15 @@ class PresenceWatch:
   def answers(self, timeout: float) -> bool:
     """Whether the holder's host accepts a new connection to its presence port within
     `timeout`: its process is there (maybe paused or starved), and its host is up."""
-    host, _, port = self.address.rpartition(":")
     try:
-      socket.create_connection((host, int(port)), timeout=timeout).close()
+      socket.create_connection(self._host_port(), timeout=timeout).close()
       return True
     except (OSError, ValueError):
       return False
+
+  def _host_port(self) -> tuple[str, int]:
+    host, _, port = self.address.rpartition(":")
+    return host, int(port)  # ValueError for a bad port: the callers catch it.
 
   def _said_gone(self, why: str) -> None:
     if not self._stopped:
