@@ -101,6 +101,27 @@ def test_a_copy_inside_control_dependencies_waits_for_them():
                  if op.name.startswith("step/"))
 
 
+def test_later_copies_take_their_constants_from_the_first():
+  model = _Model()
+
+  @tf.function
+  def closure(iterator):
+    step = step_copies.StepCopies(lambda: model.train_step(iterator))
+    return step()["loss"] + step()["loss"] + step()["loss"]
+
+  graph = closure.get_concrete_function(iter(_dataset())).graph
+  first, second, third = ([op for op in graph.get_operations() if op.name.startswith(f"{p}/")]
+                          for p in ("step", "step_1", "step_2"))
+  consts = [op for op in first if op.type == "Const" and not op.control_inputs]
+  assert consts
+  # A later copy makes none of the constants the first made; it reads the first's.
+  names = {op.name.split("/", 1)[1] for op in consts}
+  assert not names & {op.name.split("/", 1)[1] for op in second + third}
+  assert len(second) == len(third) <= len(first) - len(consts)
+  read_from_first = {t.op for op in second for t in op.inputs if t.op.name.startswith("step/")}
+  assert set(consts) & read_from_first
+
+
 def test_an_op_colocated_with_a_captured_variable_stays_colocated_with_it():
   variable = tf.Variable(1.0)
 
@@ -122,6 +143,27 @@ def test_an_op_colocated_with_a_captured_variable_stays_colocated_with_it():
                    f"loc:@{op.name}".encode()]]
   assert colocated
   assert all(f"loc:@{handle.op.name}".encode() in op.colocation_groups() for op in colocated)
+  assert float(closure()) == 4.0
+
+
+def test_a_constant_an_op_is_colocated_with_is_made_by_each_copy():
+  variable = tf.Variable(1.0)
+
+  def step():
+    value = variable.read_value()
+    two = tf.constant(2.0, name="two")
+    with tf.compat.v1.colocate_with(two.op):
+      return {"x": tf.multiply(value, two, name="times")}
+
+  @tf.function
+  def closure():
+    copies = step_copies.StepCopies(step)
+    return copies()["x"] + copies()["x"]
+
+  graph = closure.get_concrete_function().graph
+  for scope in ("step", "step_1"):
+    times = graph.get_operation_by_name(f"{scope}/times")
+    assert times.colocation_groups() == [f"loc:@{scope}/two".encode()]
   assert float(closure()) == 4.0
 
 
