@@ -163,3 +163,30 @@ def test_a_closure_is_taken_only_when_a_worker_not_held_can_run_it(running, held
     assert [a.worker_index for a in attempts.taken] == taken and watch.rerun == len(taken)
   finally:
     watch.stop()
+
+
+def test_in_a_first_loop_a_worker_silent_twice_in_a_row_loses_its_closure():
+  # Nothing is timed yet: a worker that answers keeps its closure (it may be building
+  # its functions) and is asked again every `cold_probe` seconds; a paused one does not.
+  attempts = _Attempts([_attempt(1)], ())
+  now, answers, probed = [0.0], [True], []
+
+  def probe(task):
+    probed.append(now[0])
+    return answers[0]
+
+  watch = speculation_lib.Speculation(attempts, num_workers=2, probe=probe,
+                                      clock=lambda: now[0])
+  try:
+    for now[0] in (1.0, 2.5, 3.0):
+      watch.look()
+    assert probed == [2.5] and not attempts.taken
+    answers[0] = False  # Paused now.
+    for now[0] in (4.0, 4.5):
+      watch.look()
+    assert probed == [2.5, 4.5] and not attempts.taken
+    now[0] = 4.6
+    watch.look()
+    assert probed == [2.5, 4.5, 4.6] and [a.worker_index for a in attempts.taken] == [1]
+  finally:
+    watch.stop()

@@ -456,6 +456,8 @@ class ClosureAttempt:
     self.finished = False  # Its outcome was given to the queue: it can no longer be taken.
     self.succeeded = False
     self.answers: bool | None = None  # Whether its worker answered a probe (None: not probed).
+    self.probed_at = 0.0  # When (monotonic) it was last probed.
+    self.silent_probes = 0  # Its worker's probes unanswered in a row.
     self.fenced: Any = None  # What the taker fenced this run with, if anything.
 
   @property

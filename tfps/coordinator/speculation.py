@@ -80,6 +80,9 @@ class Speculation:
     held = self._attempts.held_workers()
     for attempt in self._attempts.running():
       running = now - attempt.started
+      if attempt.answers and slow_closures.probe_again(now - attempt.probed_at, durations,
+                                                       self._rules):
+        attempt.answers = None
       answers = attempt.answers
       # A worker whose thread waits on a taken run (a paused one) would run nothing.
       others = self._num_workers - 1 - len(held - {attempt.worker_index})
@@ -87,8 +90,11 @@ class Speculation:
                                     answers=answers, rules=self._rules)
       if verdict is slow_closures.Verdict.PROBE:
         answers = attempt.answers = self._probe(attempt.task_index)
+        attempt.probed_at = now
+        attempt.silent_probes = 0 if answers else attempt.silent_probes + 1
         verdict = slow_closures.judge(running, durations, other_workers=others,
-                                      answers=answers, rules=self._rules)
+                                      answers=answers, silent_probes=attempt.silent_probes,
+                                      rules=self._rules)
       if verdict is slow_closures.Verdict.RERUN and self._rerun(attempt, running, answers):
         held.add(attempt.worker_index)  # Its thread now waits on the taken run.
 

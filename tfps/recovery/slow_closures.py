@@ -10,6 +10,12 @@ closure's worker is probed: one that does not answer is taken off the
 closure at once; one that answers (busy, or building a function the first
 time) is given `patience` times the expected time before it is.
 
+Before enough closures are timed (a coordinator's first loops, where each
+worker may still be building its functions) no time is expected, so only
+silence counts: a closure that has run `cold_probe` seconds has its worker
+probed, and again every `cold_probe` seconds while it answers; one that does
+not answer `cold_silences` probes in a row loses the closure.
+
 The caller acts: it fences the closure (its first attempt can no longer
 finish its chunk when the worker wakes, `coordinator.closure_fence`) and
 queues it again first, for the next free worker.
@@ -37,9 +43,12 @@ class Rules:
   factor: float = 2.0
   margin: float = 0.75
   patience: float = 8.0  # Times the expected time, for a worker that answers.
+  cold_probe: float = 2.0  # Seconds between probes while too few closures are timed.
+  cold_silences: int = 2  # Probes unanswered in a row that lose a closure then.
 
   def __post_init__(self):
-    if self.min_samples < 1 or self.factor < 1 or self.margin < 0 or self.patience < self.factor:
+    if (self.min_samples < 1 or self.factor < 1 or self.margin < 0 or self.patience < self.factor
+        or self.cold_probe <= 0 or self.cold_silences < 1):
       raise ValueError(f"slow-closure rules out of range: {self}")
 
 
@@ -58,15 +67,24 @@ def overdue_after(durations: Sequence[float], rules: Rules = Rules()) -> float |
 
 
 def judge(running_seconds: float, durations: Sequence[float], *, other_workers: int,
-          answers: bool | None, rules: Rules = Rules()) -> Verdict:
+          answers: bool | None, silent_probes: int = 0, rules: Rules = Rules()) -> Verdict:
   """The verdict on a closure running for `running_seconds`.
 
   `durations`: recent closures' times; `other_workers`: workers that could run
   it instead (none: nothing to gain); `answers`: the probe's result for its
-  worker (None: not probed yet).
+  worker (None: not probed yet, or probed again: `probe_again`); `silent_probes`:
+  its worker's probes unanswered in a row.
   """
   limit = overdue_after(durations, rules)
-  if limit is None or other_workers < 1 or running_seconds < limit:
+  if other_workers < 1:
+    return Verdict.WAIT
+  if limit is None:  # Nothing to expect yet: only a silent worker loses its closure.
+    if running_seconds < rules.cold_probe or answers:
+      return Verdict.WAIT
+    if answers is None or silent_probes < rules.cold_silences:
+      return Verdict.PROBE
+    return Verdict.RERUN
+  if running_seconds < limit:
     return Verdict.WAIT
   if answers is None:
     return Verdict.PROBE
@@ -74,3 +92,10 @@ def judge(running_seconds: float, durations: Sequence[float], *, other_workers: 
     return Verdict.RERUN
   patient = max(rules.patience * percentile_90(durations), limit)
   return Verdict.RERUN if running_seconds >= patient else Verdict.WAIT
+
+
+def probe_again(seconds_since_probe: float, durations: Sequence[float],
+                rules: Rules = Rules()) -> bool:
+  """Whether a worker that answered a probe `seconds_since_probe` ago is asked again:
+  only while too few closures are timed (after that, `patience` bounds it)."""
+  return len(durations) < rules.min_samples and seconds_since_probe >= rules.cold_probe
