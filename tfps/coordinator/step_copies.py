@@ -63,35 +63,33 @@ class _Traced:
     self.graph_def.versions.CopyFrom(full.versions)
     self.graph_def.library.CopyFrom(full.library)
     kept = {node.name for node in full.node if node.name not in placeholders}
-    # Nodes whose inputs are all captures (or none): an enclosing control
-    # dependency holds them; and nodes colocated with a capture (or an op
-    # outside the step), colocated again once copied.
-    self.roots: list[tuple[str, list[int]]] = []
+    # Nodes colocated with a capture (or an op outside the step), colocated again
+    # once copied.
     self.colocated: list[tuple[str, list[str], list[str]]] = []
     for node in full.node:
       if node.name in placeholders:
         continue
       copied = self.graph_def.node.add()
       copied.CopyFrom(node)
-      sources = [name.lstrip("^").split(":")[0] for name in node.input]
-      if all(source in placeholders for source in sources):
-        self.roots.append((node.name, sorted({self.capture_index[x] for x in sources})))
       if "_class" in copied.attr:
         targets = [loc.decode()[len("loc:@"):] for loc in copied.attr["_class"].list.s]
         outside = [t for t in targets if t not in kept]
         if outside:
           self.colocated.append((node.name, [t for t in targets if t in kept], outside))
           del copied.attr["_class"]
+    # Nodes whose inputs are all captures (or none): an enclosing control
+    # dependency holds them.
+    self.roots = self._roots(self.graph_def, given=frozenset())
     # What each copy's import returns: the copied outputs, then the roots' and the
     # colocated ops (the same names at every copy).
     self.wanted = [name for kind, name in self.outputs if kind == "copy"]
     self.return_elements = (self.wanted + [name for name, _ in self.roots]
                             + [name for name, _, _ in self.colocated])
     # Later copies in this graph: the same without the invariant ops, whose outputs
-    # they take from the first copy (`shared`, once it is made).
-    # Each copy keeps its own outputs, and the ops colocated with others and those
-    # others (a colocation names ops of its own copy).
-    own = {t.split(":")[0] for t in self.wanted}
+    # they take from the first copy (`shared`, once it is made). Each copy keeps its
+    # own outputs, and the ops colocated with others and those others (a colocation
+    # names ops of its own copy).
+    own = {_source(t) for t in self.wanted}
     for node in full.node:
       if "_class" in node.attr:
         own.add(node.name)
@@ -101,7 +99,6 @@ class _Traced:
     self.later_def.versions.CopyFrom(full.versions)
     self.later_def.library.CopyFrom(full.library)
     shared_inputs: set[str] = set()
-    self.later_roots: list[tuple[str, list[int]]] = []
     for node in self.graph_def.node:
       if node.name in invariant:
         continue
@@ -111,17 +108,24 @@ class _Traced:
       del later.input[:]
       later.input.extend(name for name in node.input
                          if not (name.startswith("^") and name[1:] in invariant))
-      data = [name for name in node.input if not name.startswith("^")]
-      shared_inputs.update(_tensor_name(name) for name in data
-                           if name.split(":")[0] in invariant)
-      sources = [name.lstrip("^").split(":")[0] for name in node.input]
-      if all(source in placeholders or source in invariant for source in sources):
-        self.later_roots.append((node.name, sorted({
-            self.capture_index[x] for x in sources if x in placeholders})))
+      shared_inputs.update(_tensor_name(name) for name in node.input
+                           if not name.startswith("^") and _source(name) in invariant)
+    self.later_roots = self._roots(self.later_def, given=invariant)
     self.shared_names = sorted(shared_inputs)
     self.shared: dict[str, tf.Tensor] | None = None
     self.later_return_elements = (self.wanted + [name for name, _ in self.later_roots]
                                   + [name for name, _, _ in self.colocated])
+
+  def _roots(self, graph_def, given: frozenset | set) -> list[tuple[str, list[int]]]:
+    """The nodes of `graph_def` whose inputs all come from captures or from `given`
+    (made before the copy), with the captures' places in `captures`."""
+    roots = []
+    for node in graph_def.node:
+      sources = [_source(name) for name in node.input]
+      if all(source in self.capture_index or source in given for source in sources):
+        roots.append((node.name, sorted({self.capture_index[x] for x in sources
+                                         if x in self.capture_index})))
+    return roots
 
   def copy(self, graph) -> Any:
     """A copy of the step's ops in `graph` (the default graph); its outputs."""
@@ -189,6 +193,11 @@ class StepCopies:
     return traced.copy(graph)
 
 
+def _source(name: str) -> str:
+  """The op a GraphDef input names ('op', 'op:1', '^op')."""
+  return name.lstrip("^").split(":")[0]
+
+
 def _tensor_name(name: str) -> str:
   """A GraphDef input's tensor name (`op` is its output 0)."""
   return name if ":" in name else f"{name}:0"
@@ -205,7 +214,7 @@ def _invariant(graph_def, keep: set[str]) -> set[str]:
     if (node.name in keep or op_def is None or op_def.is_stateful
         or any(name.startswith("^") for name in node.input)):
       continue
-    if all(name.split(":")[0] in invariant for name in node.input):
+    if all(_source(name) in invariant for name in node.input):
       invariant.add(node.name)
   return invariant
 
