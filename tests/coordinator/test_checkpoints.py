@@ -239,6 +239,41 @@ def test_saves_after_the_first_register_no_function_and_write_the_values_of_thei
   np.testing.assert_array_equal(tf.convert_to_tensor(table2).numpy(), np.full([4096, 8], 3.0))
 
 
+@pytest.mark.parametrize("asynchronous", [True, False])
+def test_a_write_prepared_after_new_objects_leaves_the_next_save_nothing_to_register(
+    runtime, tmp_path, asynchronous, monkeypatch):
+  # An optimizer makes its slots after the run's first save: the next write
+  # would register a new function (and remove the old one) at a loop's end,
+  # waiting for a worker paused there. Prepared when they are made, it does not.
+  from tensorflow.python.eager import context
+  calls = []
+  for name in ("add_c_function", "add_function_def", "remove_function"):
+    original = getattr(context.Context, name)
+    monkeypatch.setattr(context.Context, name, lambda self, f, name=name, original=original: (
+        calls.append(name), original(self, f))[1])
+  with runtime.strategy.scope():
+    step = tf.Variable(0, dtype=tf.int64)
+  model = tf.Module()
+  model.kernel = tf.Variable(tf.zeros([4]))
+  manager = checkpoints.Manager(tf.train.Checkpoint(step=step, model=model), str(tmp_path),
+                                asynchronous=asynchronous, max_to_keep=5)
+  manager.save_now(0)
+  with runtime.strategy.scope():
+    model.slot = tf.Variable(tf.zeros([4]))  # Made by the first traced step.
+  calls.clear()
+  manager.prepare_writes()
+  assert "add_c_function" in calls or "add_function_def" in calls
+  calls.clear()
+  model.slot.assign([1.0, 2.0, 3.0, 4.0])
+  step.assign(1)
+  manager.save_now(1)
+  assert not calls
+  manager.close()
+  reader = tf.train.load_checkpoint(manager.latest_checkpoint)
+  [key] = [k for k in reader.get_variable_to_shape_map() if k.startswith("model/slot/")]
+  np.testing.assert_array_equal(reader.get_tensor(key), [1.0, 2.0, 3.0, 4.0])
+
+
 class _ConstantValue(tf.Module):
   """A checkpointed value made in Python at each write, as a constant: a write traced
   once would keep the first."""

@@ -124,3 +124,37 @@ def test_step_logs_are_averaged_over_each_loop(runtime):
   with pytest.raises(errors.UsageError, match=r"_StepLogTrainer.train_step returned "
                                               r"logs\['v'\] of shape \(2,\)"):
     bad.train(tf.constant(5))
+
+
+def test_the_checkpoint_write_of_the_variables_a_trace_made_is_made_in_that_loop(
+    runtime, tmp_path, monkeypatch):
+  # Adam makes its slots in its step's first trace, after the run's first save.
+  # Their write is made while that loop's closures run: the save after the loop
+  # registers nothing (a registration waits for a paused worker).
+  from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
+  from tfps.coordinator import checkpoints  # pylint: disable=import-outside-toplevel
+  with runtime.strategy.scope():
+    model, optimizer, step, trainer = linear_models.linear_parts()
+  manager = checkpoints.Manager(
+      tf.train.Checkpoint(model=model, optimizer=optimizer, step=step), str(tmp_path),
+      asynchronous=True, max_to_keep=2)
+  manager.save_now(0)
+  variables_at_save = len(optimizer.variables)
+  trainer = trainer_lib.PSTrainer(trainer, runtime, OPTIONS(steps_per_closure=5))
+  told = []
+  trainer.on_traced.append(lambda: told.append(len(optimizer.variables)))
+  trainer.on_traced.append(manager.prepare_writes)
+  trainer.train(tf.constant(10))
+  assert told and told[0] > variables_at_save  # Told after the trace made the slots.
+  registered = []
+  for name in ("add_c_function", "add_function_def"):
+    register = getattr(context.Context, name)
+    monkeypatch.setattr(context.Context, name, lambda self, f, register=register: (
+        registered.append(f), register(self, f))[1])
+  manager.save_now(10)
+  assert not registered
+  manager.close()
+  reader = tf.train.load_checkpoint(manager.latest_checkpoint)
+  slots = [key for key in reader.get_variable_to_shape_map()
+           if key.startswith("optimizer/_variables/")]
+  assert len(slots) == len(optimizer.variables) - 1 == 8  # Adam's m and v of 4 variables.

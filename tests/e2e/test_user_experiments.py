@@ -25,6 +25,7 @@ from tfps.chaos import tracker as tracker_lib
 from tfps.cluster import local
 
 from tests.support import chief_run
+from tests.support import procs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("experiments_importable")]
 
@@ -130,3 +131,28 @@ def test_a_worker_kill_in_the_first_loop_and_later_stalls_training_briefly(
   assert later_fault.stall_beyond_loop is not None, later_fault
   assert later_fault.stall_beyond_loop <= MAX_STALL_BEYOND_A_LOOP, (later_fault,
                                                                     run.last_words())
+
+
+def test_a_run_that_ends_while_a_worker_is_paused_ends_with_its_last_checkpoint(
+    cluster, tmp_path):
+  # A worker paused near a run's end holds a closure that runs again elsewhere,
+  # and the run reaches its last step without it. Before, the chief then waited
+  # for the worker to wake: the last checkpoint's writer and the input iterators
+  # on that worker are removed with calls that wait for its answer.
+  steps = 400
+  run = chief_run.ChiefRun(cluster, str(tmp_path / "model"),
+                           _flags("user_experiments:tutorial", "examples=200", 32, steps))
+  worker = cluster.worker(1)
+  run.chief.start()
+  try:
+    run.wait_for_step(2 * STEPS_PER_LOOP, timeout=180)  # Past the first loops' new functions.
+    run.wait_for_work([worker])
+    worker.pause()
+    assert run.chief.wait(timeout=120) == 0, run.last_words()
+    assert procs.state(worker.pid) == "T"  # It ended with the worker still paused.
+  finally:
+    worker.resume()
+    chief_run.stop_chief(cluster)
+  assert run.step == steps
+  with open(tmp_path / "model" / "checkpoint") as f:
+    assert f'model_checkpoint_path: "ckpt-{steps}"' in f.read()

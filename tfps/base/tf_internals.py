@@ -124,12 +124,20 @@ def raise_async_write_error(checkpoint: tf.train.Checkpoint) -> None:
     writer._check_async_thread_error()  # pylint: disable=protected-access
 
 
-def close_async_writer(checkpoint: tf.train.Checkpoint) -> None:
+# Closed writers whose functions stay registered (`close_async_writer(keep=True)`).
+_KEPT_WRITERS = []
+
+
+def close_async_writer(checkpoint: tf.train.Checkpoint, *, keep: bool = False) -> None:
   """Ends `checkpoint`'s writer thread and forgets the writer (a later save makes a new one).
 
   TensorFlow's writer registers an exit hook that keeps it, and the function it
   traced on the cluster, alive until the process ends, when that cluster may be
-  gone; closed here, it goes while its cluster still answers.
+  gone; closed here, it goes while its cluster still answers. `keep`: a worker
+  does not answer (paused), and both would wait for it: removing the writer's
+  functions (as a registration does, `write_with_one_function`), and its
+  thread's end, which leaves an executor scope (docs/tensorflow-behaviour.md, "A
+  paused worker's result copy"). The writer and its idle thread are kept instead.
   """
   import atexit  # pylint: disable=import-outside-toplevel
   writer = _async_writer(checkpoint)
@@ -137,6 +145,9 @@ def close_async_writer(checkpoint: tf.train.Checkpoint) -> None:
     return
   checkpoint._async_checkpointer_impl = None  # pylint: disable=protected-access
   atexit.unregister(writer._join_async_save_thread)  # pylint: disable=protected-access
+  if keep:
+    _KEPT_WRITERS.append(writer)
+    return
   writer._join_async_save_thread()  # pylint: disable=protected-access
 
 
@@ -181,32 +192,63 @@ def write_with_one_function(checkpoint: tf.train.Checkpoint, *, asynchronous: bo
     _reuse_one_write_function(checkpoint._async_checkpointer().checkpointer())  # pylint: disable=protected-access
 
 
+def prepare_writes(checkpoint: tf.train.Checkpoint) -> None:
+  """Traces and registers now the write function of `checkpoint`'s objects as they
+  are, for its next save (and its asynchronous writer's, once it writes).
+
+  A checkpoint gains objects after its first write (an optimizer makes its
+  slots when its step is first traced), and its next write would register a new
+  function then: at a loop end, where a worker that just paused would hold the
+  whole coordinator (`write_with_one_function`). Called where the objects were
+  made (a trace), the registration is done while the workers answer. A
+  checkpoint whose writes are not traced once is left alone.
+  """
+  writers = [checkpoint]
+  writer = _async_writer(checkpoint)
+  if writer is not None and writer._initialized:  # pylint: disable=protected-access
+    writers.append(writer.checkpointer())  # Its saver reads the writer's copies once made.
+  for each in writers:
+    prepare = getattr(each._saver, "_tfps_prepare", None)  # pylint: disable=protected-access
+    if prepare is not None:
+      prepare()
+
+
 def _reuse_one_write_function(checkpoint) -> None:
   saver = checkpoint._saver  # pylint: disable=protected-access
   if getattr(saver, "_tfps_one_function", False):
     return
   traced_save = saver.save  # The bound method: TensorFlow's write, traced or not.
   lock, cache = threading.Lock(), {}  # {objects' ids: concrete function or None}
+  # Functions of objects the checkpoint no longer has, kept: a function that goes
+  # is removed from every task, which waits for a paused worker as a registration does.
+  retired = []
+  last_options = [None]  # The last save's: a prepared write is traced as that save was.
 
-  def save(file_prefix, checkpoint_number=None, session=None, options=None):
-    if (checkpoint_number or session is not None or not context_lib.executing_eagerly()
-        or tf.is_tensor(file_prefix) or not _plain(options)):
-      return traced_save(file_prefix, checkpoint_number, session, options)
+  def function_for(options):
     key = tuple(id(t) for t in saver._graph_view.descendants())  # pylint: disable=protected-access
     with lock:
       if key not in cache:
+        retired.extend(function for function in cache.values() if function is not None)
         cache.clear()
         write = tf.function(lambda prefix: traced_save(prefix, options=options),
                             input_signature=[tf.TensorSpec([], tf.string)], autograph=False)
         function = write.get_concrete_function()
         cache[key] = function if _writes_live_values(function.graph) else None
-      function = cache[key]
+      return cache[key]
+
+  def save(file_prefix, checkpoint_number=None, session=None, options=None):
+    if (checkpoint_number or session is not None or not context_lib.executing_eagerly()
+        or tf.is_tensor(file_prefix) or not _plain(options)):
+      return traced_save(file_prefix, checkpoint_number, session, options)
+    last_options[0] = options
+    function = function_for(options)
     if function is None:
       return traced_save(file_prefix, checkpoint_number, session, options)
     tf.io.gfile.makedirs(os.path.dirname(file_prefix))
     return function(tf.constant(file_prefix))
 
   saver.save = save
+  saver._tfps_prepare = lambda: function_for(last_options[0])  # pylint: disable=protected-access
   saver._tfps_one_function = True  # pylint: disable=protected-access
 
 

@@ -160,6 +160,18 @@ class Manager(tf.train.CheckpointManager):
       self.stall_seconds += time.perf_counter() - start
     return path
 
+  def prepare_writes(self) -> None:
+    """Makes the write of the checkpoint's objects as they are now, before its next
+    save: the objects a trace made (an optimizer's slots) would otherwise have
+    their write registered at that save, which waits for a paused worker with
+    the whole coordinator (`tf_internals.prepare_writes`). A failure is left to
+    the save, which reports it as a save."""
+    try:
+      tf_internals.prepare_writes(self.checkpoint)
+    except (tf.errors.OpError, ValueError, TypeError) as e:
+      logging.warning("checkpoint write not prepared ahead (the next save makes it): %s",
+                      messages.one_line(str(e)))
+
   def writing(self) -> bool:
     """Whether a background write is still running (TensorFlow's next save would wait)."""
     return tf_internals.async_write_running(self.checkpoint)
@@ -173,7 +185,7 @@ class Manager(tf.train.CheckpointManager):
     # caller of sync() must hear it now.
     tf_internals.raise_async_write_error(self.checkpoint)
 
-  def close(self) -> None:
+  def close(self, *, worker_silent: bool = False) -> None:
     """Waits for the last write, then ends TensorFlow's writer thread and lets it go.
 
     TensorFlow's asynchronous writer registers an exit hook that keeps it, and
@@ -181,12 +193,15 @@ class Manager(tf.train.CheckpointManager):
     then that cluster is gone or another one is connected (one test process
     runs many), and removing the function fails with a gRPC error per task.
     Closed, the writer goes now, while its cluster still answers; a later
-    save would start a new one.
+    save would start a new one. `worker_silent`: a worker does not answer
+    (paused): the removal, and the end of the writer's thread, would wait for
+    it, so the writer and its thread are kept with the process instead (a run
+    that ends before the worker wakes ends at once).
     """
     try:
       self.sync()  # Raises a failed write's error (TensorFlow then forgets it).
     finally:
-      tf_internals.close_async_writer(self.checkpoint)
+      tf_internals.close_async_writer(self.checkpoint, keep=worker_silent)
 
   def save_now(self, checkpoint_number: int) -> str:
     """Saves and returns once the checkpoint is complete on disk."""

@@ -514,6 +514,11 @@ class _Parts:
     return self.trainer.ensure_ledger() if self.positioned else None
 
 
+# Kept until the process ends (`_run_connected`): a coordinator leaves with
+# `os._exit`, without destructors.
+_KEPT_WHILE_A_WORKER_IS_SILENT = []
+
+
 def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts, factory,
                    runtime: strategy_lib.PSRuntime, sentinels: ps_state.PsSentinels, *,
                    built: "_Built | None" = None,
@@ -545,7 +550,15 @@ def _run_connected(config: CoordinatorConfig, interrupts: interrupts_lib.Interru
     train_steps = _start(config, parts, controller, start_step, ledger)
     eval_output = _run_mode(config, parts, controller, runtime, start_step, train_steps)
     with _classified_errors("writing the last checkpoint"):
-      parts.manager.close()  # Training's last save is on disk before the result says so.
+      # Training's last save is on disk before the result says so.
+      worker_silent = (isinstance(parts.trainer, trainer_lib.PSTrainer)
+                       and parts.trainer.workers_silent())
+      parts.manager.close(worker_silent=worker_silent)
+  if worker_silent:
+    # What this coordinator made on a silent worker (its input iterators) would be
+    # destroyed as this returns, each destruction waiting for that worker: the
+    # run would not end before the worker wakes. Kept, they go with the process.
+    _KEPT_WHILE_A_WORKER_IS_SILENT.append((built, parts, controller, runtime))
   measured, manager = parts.measured, parts.manager
   return CoordinatorResult(
       status=RunStatus.FINISHED, experiment=config.experiment, mode=config.mode,
@@ -643,6 +656,8 @@ def _prepare(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts,
       before_save=[trainer.input_state.capture] if positioned else [],
       max_to_keep=config.max_to_keep, step_counter=global_step,
       checkpoint_interval=config.checkpoint_interval, save_due=ends.save_due)
+  if isinstance(trainer, trainer_lib.PSTrainer):
+    trainer.on_traced.append(manager.prepare_writes)
   guard = loop_guard.LoopGuard(interrupts=interrupts, manager=manager,
                                global_step=global_step, cluster=runtime.cluster,
                                model_dir=config.model_dir, sentinels=sentinels,

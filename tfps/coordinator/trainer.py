@@ -296,6 +296,10 @@ class PSTrainer(orbit.StandardTrainer):
     self._warmed_ahead = None  # `build_ahead`'s per-worker resources, kept (TF holds them weakly).
     self.closures_scheduled = 0
     self.reexecuted_steps = 0
+    # Run after a loop's closures are scheduled if they were traced (or first):
+    # the checkpoint's write is made ready there (`_tell_traced`).
+    self.on_traced: list[Callable[[], None]] = []
+    self._traced_told: int | None = None
     # The step training ends at (None: not known); set once known, after the restore.
     self.target: int | None = None
     self.last_loop = LoopInput()
@@ -326,6 +330,13 @@ class PSTrainer(orbit.StandardTrainer):
   def closures_traced(self) -> int:
     """How many times this trainer's train closures were traced (Python run) so far."""
     return 0 if self._closures is None else self._closures.traced()
+
+  def workers_silent(self) -> bool:
+    """Whether a worker still holds a closure that was run again elsewhere, or does
+    not answer a probe now (paused, or far slower than the others)."""
+    if self._attempts is not None and self._attempts.held_workers():
+      return True
+    return bool(self._silent_workers())
 
   @property
   def positioned(self) -> bool:
@@ -659,6 +670,7 @@ class PSTrainer(orbit.StandardTrainer):
       most = self._closure_steps(self._full_size)
       self._schedule(iterator, loop, plan_closures(loop.left, most, self._runtime.num_workers),
                      slack=True)
+      self._tell_traced()
       kind = closures_lib.Kind.FULL if loop.written_out else closures_lib.Kind.FAST
       if self._failover is not None and not loop.cut_short and (
           self._written_out_loops if loop.written_out else self._fast_loops) and (
@@ -695,6 +707,7 @@ class PSTrainer(orbit.StandardTrainer):
         return
       began = time.monotonic()
       self._schedule(iterator, loop, [steps] * workers, slack=False)
+      self._tell_traced()
       self._runtime.coordinator.join()
       timed.append(time.monotonic() - began)
     self.step_seconds, self.closure_overhead = closure_plan.calibrated(
@@ -703,6 +716,22 @@ class PSTrainer(orbit.StandardTrainer):
                  "steps (at most %.1fs each, --max_closure_seconds)", self.step_seconds,
                  self.closure_overhead, self._closure_steps(self._steps_per_closure),
                  self._max_closure_seconds)
+
+  def _tell_traced(self) -> None:
+    """Runs `on_traced` at the first loop and after closures were traced again.
+
+    A trace can make variables: an optimizer makes its slots in the first
+    trace of its step, a stored trace's rebuild makes them before it (the first
+    loop). The checkpoint's next write would then register a new function at
+    the loop's end, where a worker that just paused holds the whole
+    coordinator (`tf_internals.prepare_writes`); here its closures run.
+    """
+    traced = self.closures_traced
+    if traced == self._traced_told:
+      return
+    self._traced_told = traced
+    for hook in self.on_traced:
+      hook()
 
   def _closure_steps(self, most: int) -> int:
     return closure_plan.closure_steps(self.step_seconds, self._max_closure_seconds, most,
@@ -787,9 +816,7 @@ class PSTrainer(orbit.StandardTrainer):
     anything that makes new functions mid-run (they are registered with every worker)."""
     if _now() < self._probe_again_at:
       return False  # One did not answer a moment ago: spare each loop a probe's wait.
-    tasks = [spec_lib.TaskId(spec_lib.JobType.WORKER, i) for i in range(self._runtime.num_workers)]
-    silent = sorted(set(tasks) - readiness.reachable(self._runtime.cluster, tasks,
-                                                      speculation_lib.PROBE_SECONDS))
+    silent = self._silent_workers()
     if silent:
       self._probe_again_at = _now() + _SILENT_RECHECK_SECONDS
     if silent and not self._said_silent:
@@ -797,6 +824,12 @@ class PSTrainer(orbit.StandardTrainer):
       logging.warning("%s does not answer: new closures (written out, failover graphs) wait "
                       "for it (registering them would)", ", ".join(map(str, silent)))
     return not silent
+
+  def _silent_workers(self) -> list[spec_lib.TaskId]:
+    """The workers that do not answer a probe now."""
+    tasks = [spec_lib.TaskId(spec_lib.JobType.WORKER, i) for i in range(self._runtime.num_workers)]
+    return sorted(set(tasks) - readiness.reachable(self._runtime.cluster, tasks,
+                                                    speculation_lib.PROBE_SECONDS))
 
   def _worker_answers(self, task_index: int) -> bool:
     task = spec_lib.TaskId(spec_lib.JobType.WORKER, task_index)
