@@ -16,6 +16,7 @@ from tfps.coordinator import checkpoints
 from tfps.coordinator import loop_ends
 
 from tests.support import inprocess
+from tests.support import registrations
 
 pytestmark = pytest.mark.tf
 
@@ -211,12 +212,7 @@ def test_saves_after_the_first_register_no_function_and_write_the_values_of_thei
     runtime, tmp_path, asynchronous, monkeypatch):
   # TensorFlow would trace and register a new function with every task at each
   # write; the registration waits, holding the GIL, for a paused worker.
-  from tensorflow.python.eager import context
-  registered = []
-  for name in ("add_c_function", "add_function_def"):
-    register = getattr(context.Context, name)
-    monkeypatch.setattr(context.Context, name, lambda self, f, register=register: (
-        registered.append(threading.current_thread().name), register(self, f))[1])
+  registered = registrations.record(monkeypatch)
   with runtime.strategy.scope():
     table = tf.Variable(tf.zeros([4096, 8]))  # Split over both ps.
     step = tf.Variable(0, dtype=tf.int64)
@@ -245,12 +241,7 @@ def test_a_write_prepared_after_new_objects_leaves_the_next_save_nothing_to_regi
   # An optimizer makes its slots after the run's first save: the next write
   # would register a new function (and remove the old one) at a loop's end,
   # waiting for a worker paused there. Prepared when they are made, it does not.
-  from tensorflow.python.eager import context
-  calls = []
-  for name in ("add_c_function", "add_function_def", "remove_function"):
-    original = getattr(context.Context, name)
-    monkeypatch.setattr(context.Context, name, lambda self, f, name=name, original=original: (
-        calls.append(name), original(self, f))[1])
+  calls = registrations.record(monkeypatch, registrations.REGISTER + registrations.REMOVE)
   with runtime.strategy.scope():
     step = tf.Variable(0, dtype=tf.int64)
   model = tf.Module()
@@ -262,7 +253,7 @@ def test_a_write_prepared_after_new_objects_leaves_the_next_save_nothing_to_regi
     model.slot = tf.Variable(tf.zeros([4]))  # Made by the first traced step.
   calls.clear()
   manager.prepare_writes()
-  assert "add_c_function" in calls or "add_function_def" in calls
+  assert set(calls) & set(registrations.REGISTER)
   calls.clear()
   model.slot.assign([1.0, 2.0, 3.0, 4.0])
   step.assign(1)

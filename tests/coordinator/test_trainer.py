@@ -10,6 +10,7 @@ from tfps.base import errors
 from tfps.coordinator import trainer as trainer_lib
 
 from tests.support import linear_models
+from tests.support import registrations
 
 pytestmark = pytest.mark.tf
 
@@ -131,7 +132,6 @@ def test_the_checkpoint_write_of_the_variables_a_trace_made_is_made_in_that_loop
   # Adam makes its slots in its step's first trace, after the run's first save.
   # Their write is made while that loop's closures run: the save after the loop
   # registers nothing (a registration waits for a paused worker).
-  from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
   from tfps.coordinator import checkpoints  # pylint: disable=import-outside-toplevel
   with runtime.strategy.scope():
     model, optimizer, step, trainer = linear_models.linear_parts()
@@ -146,11 +146,7 @@ def test_the_checkpoint_write_of_the_variables_a_trace_made_is_made_in_that_loop
   trainer.on_traced.append(manager.prepare_writes)
   trainer.train(tf.constant(10))
   assert told and told[0] > variables_at_save  # Told after the trace made the slots.
-  registered = []
-  for name in ("add_c_function", "add_function_def"):
-    register = getattr(context.Context, name)
-    monkeypatch.setattr(context.Context, name, lambda self, f, register=register: (
-        registered.append(f), register(self, f))[1])
+  registered = registrations.record(monkeypatch)
   manager.save_now(10)
   assert not registered
   manager.close()
