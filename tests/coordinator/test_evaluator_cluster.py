@@ -19,17 +19,18 @@ count: shards lost with the worker are re-run elsewhere from scratch and their
 partial counts never reach the result.
 """
 
+import json
 import os
+import queue
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
 from tfps.cluster import processes
-
-from tests.support import client_lines
 
 pytestmark = pytest.mark.cluster
 
@@ -143,6 +144,34 @@ CLIENT = textwrap.dedent(f'''
 ''')
 
 
+class Lines:
+  """The client's stdout, one JSON object per line, read with deadlines."""
+
+  def __init__(self, stream):
+    self._queue = queue.Queue()
+    self.seen = []
+    threading.Thread(target=self._read, args=(stream,), name="client-stdout",
+                     daemon=True).start()
+
+  def _read(self, stream):
+    for line in stream:
+      self._queue.put(line.decode(errors="replace"))
+    self._queue.put(None)
+
+  def expect(self, event: str, timeout: float) -> dict:
+    while True:
+      try:
+        line = self._queue.get(timeout=timeout)
+      except queue.Empty:
+        raise TimeoutError(f"no {event!r} from the client in {timeout}s; "
+                           f"got {self.seen}") from None
+      if line is None:
+        raise EOFError(f"the client exited before {event!r}; got {self.seen}")
+      self.seen.append(line.rstrip())
+      if line.startswith("{") and json.loads(line).get("event") == event:
+        return json.loads(line)
+
+
 @pytest.fixture(scope="module")
 def cluster(loopback_cluster):
   return loopback_cluster
@@ -162,7 +191,7 @@ def test_exact_eval_is_unchanged_by_a_worker_killed_mid_evaluation(cluster, tmp_
     client = cluster.spawn([sys.executable, str(script), cluster.spec_file], env=env,
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
   try:
-    lines = client_lines.Lines(client.stdout)
+    lines = Lines(client.stdout)
     clean = lines.expect("clean", timeout=180)
     lines.expect("first_shard_done", timeout=60)
     worker.kill(signal.SIGKILL)

@@ -23,7 +23,6 @@ from typing import Any, Sequence
 import tensorflow as tf
 
 from tensorflow.core.function.polymorphism import function_type as function_type_lib
-from tensorflow.python import pywrap_tfe
 from tensorflow.python.distribute import sharded_variable as sharded_variable_lib
 from tensorflow.python.distribute.coordinator import cluster_coordinator
 from tensorflow.python.eager import context as context_lib
@@ -431,22 +430,6 @@ def traced_as_scheduled():
     yield
   finally:
     extended._being_scheduled = before  # pylint: disable=protected-access
-
-
-def run_eager_ops_as_kernels() -> None:
-  """Runs each eager op of this process as its kernel, not as a one-op function.
-
-  TensorFlow wraps an eager op in a function the first time it runs with
-  those attributes, and registers that function with every task of the
-  cluster. `ParameterServerStrategy` makes each registration a call that waits
-  for the task's answer, so with a worker paused a coordinator stood still at
-  every kind of op it ran for the first time (a loop end's first summaries).
-  Run as its kernel, an op on the coordinator's own device involves no other
-  task, and an op on a ps is sent to that ps alone.
-  """
-  context = context_lib.context()
-  context.ensure_initialized()
-  pywrap_tfe.TFE_ContextSetRunEagerOpAsFunction(context._handle, False)  # pylint: disable=protected-access
 
 
 def put_back_failed_closures_first(coordinator) -> None:

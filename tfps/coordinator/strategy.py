@@ -133,9 +133,6 @@ def connect(cluster: spec_lib.ClusterSpec, *, ready_timeout: float,
   # A closure a lost worker was running is the one the loop waits for: it runs
   # next, not after every closure queued behind it.
   tf_internals.put_back_failed_closures_first(coordinator)
-  # A paused worker would otherwise hold every kind of op the coordinator runs
-  # for the first time (docs/tensorflow-behaviour.md).
-  tf_internals.run_eager_ops_as_kernels()
   logging.info("connected to %d ps and %d workers (variables %s)", num_ps,
                cluster.num_tasks(spec_lib.JobType.WORKER),
                f"sharded above {min_shard_bytes} bytes" if partitioner else "not sharded")
