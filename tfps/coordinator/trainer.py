@@ -55,7 +55,7 @@ import dataclasses
 import math
 import threading
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from absl import logging
 import orbit
@@ -825,15 +825,15 @@ class PSTrainer(orbit.StandardTrainer):
                       "for it (registering them would)", ", ".join(map(str, silent)))
     return not silent
 
-  def _silent_workers(self) -> list[spec_lib.TaskId]:
-    """The workers that do not answer a probe now."""
-    tasks = [spec_lib.TaskId(spec_lib.JobType.WORKER, i) for i in range(self._runtime.num_workers)]
+  def _silent_workers(self, indices: Sequence[int] | None = None) -> list[spec_lib.TaskId]:
+    """The workers (`indices`; default all) that do not answer a probe now."""
+    tasks = [spec_lib.TaskId(spec_lib.JobType.WORKER, i)
+             for i in (range(self._runtime.num_workers) if indices is None else indices)]
     return sorted(set(tasks) - readiness.reachable(self._runtime.cluster, tasks,
                                                     speculation_lib.PROBE_SECONDS))
 
   def _worker_answers(self, task_index: int) -> bool:
-    task = spec_lib.TaskId(spec_lib.JobType.WORKER, task_index)
-    return bool(readiness.reachable(self._runtime.cluster, [task], speculation_lib.PROBE_SECONDS))
+    return not self._silent_workers([task_index])
 
   def _read_step(self) -> int | None:
     return None if self._global_step is None else int(self._global_step.numpy())
