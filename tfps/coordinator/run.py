@@ -47,6 +47,7 @@ from tfps.input import datasets
 from tfps.input import positioned as positioned_lib
 from tfps.coordinator import evaluator as evaluator_lib
 from tfps.coordinator import experiment as experiment_lib
+from tfps.coordinator import first_ops
 from tfps.coordinator import loop_ends
 from tfps.coordinator import loop_guard
 from tfps.base import messages
@@ -632,6 +633,8 @@ def _build(config: CoordinatorConfig, interrupts: interrupts_lib.Interrupts, fac
   warmed_for = _warm_ahead(trainer, restarting=latest is not None) if warm_ahead else None
   with _classified_errors("preparing the experiment"):
     evaluator = _adapt_evaluator(experiment, runtime, config)
+  # So that no loop end runs a kind of op for the first time (`first_ops`).
+  first_ops.run_ahead(experiment.global_step, experiment.trainer, experiment.evaluator)
   return _Built(experiment=experiment, trainer=trainer, evaluator=evaluator, ends=ends,
                 warmed_for_shards=warmed_for)
 
