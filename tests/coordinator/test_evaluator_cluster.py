@@ -19,18 +19,14 @@ count: shards lost with the worker are re-run elsewhere from scratch and their
 partial counts never reach the result.
 """
 
-import json
-import os
-import queue
 import signal
-import subprocess
-import sys
 import textwrap
-import threading
 
 import pytest
 
 from tfps.cluster import processes
+
+from tests.support import cluster_client
 
 pytestmark = pytest.mark.cluster
 
@@ -144,68 +140,28 @@ CLIENT = textwrap.dedent(f'''
 ''')
 
 
-class Lines:
-  """The client's stdout, one JSON object per line, read with deadlines."""
-
-  def __init__(self, stream):
-    self._queue = queue.Queue()
-    self.seen = []
-    threading.Thread(target=self._read, args=(stream,), name="client-stdout",
-                     daemon=True).start()
-
-  def _read(self, stream):
-    for line in stream:
-      self._queue.put(line.decode(errors="replace"))
-    self._queue.put(None)
-
-  def expect(self, event: str, timeout: float) -> dict:
-    while True:
-      try:
-        line = self._queue.get(timeout=timeout)
-      except queue.Empty:
-        raise TimeoutError(f"no {event!r} from the client in {timeout}s; "
-                           f"got {self.seen}") from None
-      if line is None:
-        raise EOFError(f"the client exited before {event!r}; got {self.seen}")
-      self.seen.append(line.rstrip())
-      if line.startswith("{") and json.loads(line).get("event") == event:
-        return json.loads(line)
-
-
 @pytest.fixture(scope="module")
 def cluster(loopback_cluster):
   return loopback_cluster
 
 
 def test_exact_eval_is_unchanged_by_a_worker_killed_mid_evaluation(cluster, tmp_path):
-  script = tmp_path / "client.py"
-  script.write_text(CLIENT)
-  stderr_path = tmp_path / "client.stderr"
-  # As `tfps` sets for its own processes (tfps/commands/cli.py); its temporary files
-  # (AutoGraph's) in tmp_path, since it leaves with os._exit.
-  (tmp_path / "tmp").mkdir()
-  env = dict(os.environ, GRPC_FAIL_FAST="use_caller", TF_CPP_MIN_LOG_LEVEL="1",
-             TMPDIR=str(tmp_path / "tmp"))
   worker = cluster.worker(1)
-  with open(stderr_path, "w") as stderr:
-    client = cluster.spawn([sys.executable, str(script), cluster.spec_file], env=env,
-                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
+  client, stderr_path = cluster_client.start(cluster, tmp_path, CLIENT)
   try:
-    lines = Lines(client.stdout)
+    lines = cluster_client.Lines(client.stdout)
     clean = lines.expect("clean", timeout=180)
     lines.expect("first_shard_done", timeout=60)
     worker.kill(signal.SIGKILL)
     assert worker.wait(timeout=10) == -signal.SIGKILL
-    client.stdin.write(b"killed\n")
-    client.stdin.flush()
+    cluster_client.tell(client, "killed")
     after_kill = lines.expect("after_kill", timeout=30)
     worker.restart(timeout=180)  # Back at the same address; TF re-admits it.
     faulted = lines.expect("faulted", timeout=300)
     assert not faulted["hung"] and "error" not in faulted, faulted
     processes.wait_until(lambda: READMITTED in stderr_path.read_text(), timeout=120,
                          what="the client's coordinator to re-admit worker:1")
-    client.stdin.write(b"exit\n")
-    client.stdin.flush()
+    cluster_client.tell(client, "exit")
     assert client.wait(timeout=30) == 0
   finally:
     processes.stop_group(client, grace=0)

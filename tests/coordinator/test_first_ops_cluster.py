@@ -10,16 +10,13 @@ paused. A kind of op the coordinator never ran, run then, waits for the
 worker: the pause is real.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from tfps.cluster import processes
 
-from tests.coordinator.test_evaluator_cluster import Lines
+from tests.support import cluster_client
 from tests.support import procs
 
 pytestmark = pytest.mark.cluster
@@ -108,29 +105,20 @@ def cluster(loopback_cluster):
 
 
 def test_a_first_loop_begins_and_ends_while_a_worker_is_paused(cluster, tmp_path):
-  script = tmp_path / "client.py"
-  script.write_text(CLIENT)
-  (tmp_path / "tmp").mkdir()
-  env = dict(os.environ, GRPC_FAIL_FAST="use_caller", TF_CPP_MIN_LOG_LEVEL="1",
-             TMPDIR=str(tmp_path / "tmp"))
   worker = cluster.worker(1)
-  with open(tmp_path / "client.stderr", "w") as stderr:
-    client = cluster.spawn([sys.executable, str(script), cluster.spec_file], env=env,
-                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
+  client, _ = cluster_client.start(cluster, tmp_path, CLIENT)
   try:
-    lines = Lines(client.stdout)
+    lines = cluster_client.Lines(client.stdout)
     lines.expect("ready", timeout=180)
     worker.pause()
     try:
-      client.stdin.write(b"paused\n")
-      client.stdin.flush()
+      cluster_client.tell(client, "paused")
       loop_end = lines.expect("loop_end", timeout=LOOP_END_SECONDS + 30)
       new_op = lines.expect("new_op", timeout=STILL_WAITING_AFTER + 30)
       assert procs.state(worker.pid) == "T"  # Paused throughout.
     finally:
       worker.resume()
-    client.stdin.write(b"resumed\n")
-    client.stdin.flush()
+    cluster_client.tell(client, "resumed")
     assert client.wait(timeout=60) == 0
   finally:
     processes.stop_group(client, grace=0)

@@ -257,11 +257,12 @@ class TrainClosures:
   def warm_calls(self, written_out: bool = True) -> list[warm_up.Call]:
     """The closures a loop of that kind uses, called to run no step; traces them (in scope).
 
-    Written out: the written-out closure and the one for other sizes; else the fast-start one.
+    The full-size closure (written out or fast-start) and the one for other sizes: a
+    shard's tail may come in any loop, and a trace then, mid-loop, would register its
+    functions with every task while one may be paused (each registration waits for it).
     """
-    if not written_out:
-      return [(self.concrete(Kind.FAST), _skip())]
-    return [(self.concrete(Kind.FULL), _skip()), self.other_warm_call()]
+    full = self.concrete(Kind.FULL if written_out else Kind.FAST)
+    return [(full, _skip()), self.other_warm_call()]
 
   def traced(self) -> int:
     """Traces made of the closures' functions so far (stored ones rebuilt are not)."""
