@@ -143,6 +143,18 @@ def test_asking_whether_the_write_out_is_stored_traces_nothing(cache):
   assert not os.path.exists(cache.directory)
 
 
+def test_the_closure_for_other_sizes_is_traced_ahead_unless_stored(cache):
+  first = _closures(_Trainer(), cache)
+  first.trace_other_ahead()  # Nothing stored: traced now, and stored.
+  assert first.traced() == 1
+  later = _closures(_Trainer(), cache)
+  later.trace_other_ahead()  # Stored: left to be rebuilt when a shard's tail needs it.
+  assert later.traced() == 0
+  assert later._concrete == {}  # pylint: disable=protected-access
+  later.concrete("other")  # Rebuilt, not traced.
+  assert later.traced() == 0
+
+
 def test_a_different_variable_layout_is_traced_again(cache, caplog):
   _train(_closures(_Trainer(width=3), cache))
   caplog.set_level("INFO", logger="absl")

@@ -257,12 +257,20 @@ class TrainClosures:
   def warm_calls(self, written_out: bool = True) -> list[warm_up.Call]:
     """The closures a loop of that kind uses, called to run no step; traces them (in scope).
 
-    The full-size closure (written out or fast-start) and the one for other sizes: a
-    shard's tail may come in any loop, and a trace then, mid-loop, would register its
-    functions with every task while one may be paused (each registration waits for it).
+    Written out: the written-out closure and the one for other sizes; else the fast-start one.
     """
-    full = self.concrete(Kind.FULL if written_out else Kind.FAST)
-    return [(full, _skip()), self.other_warm_call()]
+    if not written_out:
+      return [(self.concrete(Kind.FAST), _skip())]
+    return [(self.concrete(Kind.FULL), _skip()), self.other_warm_call()]
+
+  def trace_other_ahead(self) -> None:
+    """Traces the closure for other sizes now, unless a stored trace will rebuild it when
+    a shard's tail first needs it (a fraction of a second). A trace takes seconds, and
+    mid-loop it would register its functions with every task, waiting for a paused one.
+    Each worker instantiates it at its first call, which holds no other worker (handed
+    out with the fast-start closure, it made a restart's first loop wait ~0.5 s longer)."""
+    if not self._fits(Kind.OTHER):
+      self.concrete(Kind.OTHER)
 
   def traced(self) -> int:
     """Traces made of the closures' functions so far (stored ones rebuilt are not)."""
@@ -407,11 +415,16 @@ class WarmClosures:
     that are up, and no call of them is left running after it. The
     resource of the kind before is dropped (TF forgets it). `done(index)`
     each time a worker has run its warm-up.
+
+    A fast-start loop's closure for other sizes is traced then too, once the
+    workers have theirs (`TrainClosures.trace_other_ahead`).
     """
     if self._warm_for is not written_out:
       with self._strategy.scope():  # Traced as schedule() would trace them.
         self._resources = warm_up.warm_workers(
             self._coordinator, self._closures.warm_calls(written_out), done)
+        if not written_out:
+          self._closures.trace_other_ahead()
       self._warm_for = written_out
 
   def restart_clock(self) -> None:

@@ -382,7 +382,7 @@ class PSTrainer(orbit.StandardTrainer):
 
     Returns the workers that instantiated the closures within `timeout` seconds.
     """
-    wanted = 1  # Warm-ups each worker runs.
+    wanted = 1 if self._positioned is None else 2  # Calls each worker runs.
     calls, lock, all_done = collections.Counter(), threading.Lock(), threading.Event()
     warm = lambda: sum(1 for n in calls.values() if n >= wanted)
 
@@ -392,7 +392,7 @@ class PSTrainer(orbit.StandardTrainer):
         if warm() == self._runtime.num_workers:
           all_done.set()
 
-    if not self.warm_ahead(done):
+    if not self.warm_ahead(done, other_sizes=True):
       return 0
     if not all_done.wait(timeout):
       logging.warning("built ahead: %d of %d workers instantiated the train closures within "
@@ -400,15 +400,16 @@ class PSTrainer(orbit.StandardTrainer):
                       warm(), self._runtime.num_workers, timeout)
     return warm()
 
-  def warm_ahead(self, done: Callable[[int], None] = lambda index: None) -> bool:
+  def warm_ahead(self, done: Callable[[int], None] = lambda index: None, *,
+                 other_sizes: bool = False) -> bool:
     """The first loop's train closures built now, and handed to every worker to
     instantiate on its own thread, not waited for: a restarted coordinator's
     workers do it while it builds its evaluator and restores (`coordinator.run`),
     a standby's before it is needed. Nothing runs: no input is read, no variable changes
     (`warm_up.train_or_skip`). Endless input has its per-worker iterators made
     (each reads from its part's start whenever made) and its closure (one for
-    every size) traced for them; positioned input, the closure for other sizes too
-    (`closures.TrainClosures.warm_calls`). `done(index)` after each worker ran them.
+    every size) traced for them. `done(index)` after each call a worker ran;
+    `other_sizes`: the closure for other sizes too (positioned input).
 
     Returns False where nothing was handed out (no full-size closures).
     """
@@ -430,6 +431,10 @@ class PSTrainer(orbit.StandardTrainer):
         return False
       with _step_log_errors():
         self._warm.before_loop(written_out=self.full_closure_ready.is_set(), done=done)
+        if other_sizes:
+          self._warmed_ahead = warm_up.warm_once(
+              self._runtime.coordinator, [self._closures.other_warm_call()], workers, done,
+              "closures of other sizes")
     return True
 
   def start_training(self) -> None:
