@@ -1,6 +1,8 @@
-"""The kinds of op a loop's end runs are run once before the first loop (`first_ops`)."""
+"""The kinds of op a loop's begin and end run are run once as a coordinator is built
+(`first_ops`)."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -64,8 +66,9 @@ LOOP_END = textwrap.dedent('''
 def test_a_first_loop_runs_no_kind_of_op_for_the_first_time_at_its_edges(tmp_path):
   script = tmp_path / "loop_end.py"
   script.write_text(LOOP_END)
+  env = dict(os.environ, TMPDIR=str(tmp_path))  # Where its summaries go.
   done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                        timeout=120, check=False)
+                        timeout=120, check=False, env=env)
   assert done.returncode == 0, done.stderr[-3000:]
   result = json.loads(done.stdout.strip().splitlines()[-1])
   assert result["answered"] == 2
