@@ -451,3 +451,32 @@ def test_a_missing_or_garbled_exit_report_says_nothing(tmp_path):
   exit_report.write("bad_checkpoint", "checkpoint x does not fit", path=str(path))
   assert exit_report.take(str(path)) == exit_report.ExitReport(
       "bad_checkpoint", "checkpoint x does not fit")
+
+
+def test_a_worker_silent_for_a_while_is_said_once_and_again_when_it_answers(tmp_path, caplog):
+  from tfps.cluster import spec as spec_lib
+  from tfps.recovery import task_watch
+  w0, w1 = (spec_lib.TaskId(spec_lib.JobType.WORKER, i) for i in range(2))
+  stop = signals.StopSignals()
+  stop.wait = lambda timeout=None: False  # The fake clock moves on each call instead.
+  ticks = iter(range(10_000))
+
+  def clock():
+    now = float(next(ticks))
+    if now >= 10:
+      stop.signum = signal.SIGTERM  # Ends the run: the coordinator saves and exits.
+    return now
+
+  # worker:1 answers, is silent for the 2nd to 6th probes (a pause), then answers again.
+  probes = iter(range(10_000))
+  harness = Harness(["wait"], up=lambda: {w0} if 1 <= next(probes) < 6 else {w0, w1})
+  result, log = supervise(
+      harness, tmp_path, stop=stop, probe_seconds=1.0, clock=clock,
+      watch=task_watch.TaskWatch([w0, w1], task_watch.TaskWatchConfig(
+          timeout=60.0, notice_after=4.0)))
+  assert result.exit_code == errors.exit_code_for_signal(signal.SIGTERM)
+  said = [r.getMessage() for r in caplog.records if "worker:1" in r.getMessage()]
+  assert len(said) == 2, said
+  assert said[0].startswith("worker:1 has not answered for 4s") and "left out after 60s" in said[0]
+  assert said[1].startswith("worker:1 answers again after 5s"), said
+  assert not [e for e in log.read() if e.failure == Kind.WORKER_GONE.value]  # Not left out.

@@ -119,3 +119,36 @@ def test_an_excluded_ps_waits_for_its_readmission_to_be_due_and_workers_do_not()
   assert w.update(everyone, {P[0], W[1]}, now=10, ps_back_due=False) == [(BACK, W[1])]
   assert w.update(everyone, {P[0]}, now=60, ps_back_due=False) == []
   assert w.update(everyone, {P[0]}, now=61, ps_back_due=True) == [(BACK, P[0])]
+
+
+def notices(w, excluded=frozenset(), *, now):
+  return [(n.task, n.silent, n.seconds) for n in w.notices(set(excluded), now)]
+
+
+def test_a_silent_worker_is_said_once_and_again_when_it_answers():
+  w = task_watch.TaskWatch(W, task_watch.TaskWatchConfig(timeout=60.0, notice_after=4.0))
+  w.update(set(W), set(), now=0)
+  w.update({W[0], W[2]}, set(), now=1)  # Worker 1 stops answering.
+  assert notices(w, now=1) == []
+  w.update({W[0], W[2]}, set(), now=4.9)
+  assert notices(w, now=4.9) == []  # Not yet: a probe or two can miss.
+  w.update({W[0], W[2]}, set(), now=5)
+  assert notices(w, now=5) == [(W[1], True, 4.0)]
+  w.update({W[0], W[2]}, set(), now=20)
+  assert notices(w, now=20) == []  # Said once.
+  w.update(set(W), set(), now=31)
+  assert notices(w, now=31) == [(W[1], False, 30.0)]
+  w.update(set(W), set(), now=40)
+  assert notices(w, now=40) == []
+
+
+def test_no_notice_for_a_worker_left_out_or_one_that_has_not_answered_yet():
+  w = task_watch.TaskWatch(W, task_watch.TaskWatchConfig(timeout=10.0, notice_after=4.0))
+  w.update({W[0], W[1]}, set(), now=0)  # Worker 2 has not answered yet (joining).
+  w.update({W[0]}, set(), now=1)  # Worker 1 goes silent.
+  w.update({W[0]}, set(), now=6)
+  assert notices(w, now=6) == [(W[1], True, 5.0)]  # Worker 2: never answered, not said.
+  w.update({W[0]}, {W[1]}, now=12)  # Left out at its timeout: nothing more of it.
+  assert notices(w, {W[1]}, now=12) == []
+  w.update({W[0], W[1], W[2]}, {W[1]}, now=13)
+  assert notices(w, {W[1]}, now=13) == []

@@ -456,8 +456,18 @@ class Supervisor:
     if self._watch is None:
       return None
     ps_out = any(t.job == spec_lib.JobType.PS for t in self.excluded)
-    for what, worker in self._watch.update(reachable, self.excluded, now,
-                                           ps_back_due=ps_out and self._launcher.ps_back_due()):
+    changes = self._watch.update(reachable, self.excluded, now,
+                                 ps_back_due=ps_out and self._launcher.ps_back_due())
+    for notice in self._watch.notices(self.excluded, now):
+      if notice.silent:
+        # The coordinator may be unable to say it: a registration that waits for the
+        # worker holds its every thread (docs/tensorflow-behaviour.md).
+        logging.warning("%s has not answered for %.0fs (paused, overloaded or cut off): its "
+                        "closures run elsewhere, what must reach every task waits for it; "
+                        "left out after %.0fs", notice.task, notice.seconds, self._watch.timeout)
+      else:
+        logging.warning("%s answers again after %.0fs of silence", notice.task, notice.seconds)
+    for what, worker in changes:
       if what == task_watch.Change.BACK:
         logging.warning("%s answers again: saving and restarting the coordinator with it",
                         worker)

@@ -16,6 +16,11 @@ supervisor probes the workers and ps and feeds what it sees here:
     the caller says taking it back is due (`recovery.readmission`). A ps is
     never GONE here: the coordinator notices a lost ps itself.
 
+A worker of the coordinator's cluster that has not answered for `notice_after`
+seconds is said once, and again when it answers (`notices`): until it is
+excluded, whatever the coordinator must register with every task waits for it
+(TensorFlow's, for a new function), so a silent stall has a name in the log.
+
 A worker is never excluded if fewer than `min_workers` would be left (at
 least one: without workers nothing can train; that is a cluster loss,
 handled elsewhere). Nor is any worker judged while none
@@ -38,10 +43,21 @@ class Change(str, enum.Enum):
   BACK = "back"
 
 
+@dataclasses.dataclass(frozen=True)
+class Notice:
+  """A worker of the coordinator's cluster silent for `seconds` (`silent`), or answering
+  again after `seconds` of silence."""
+
+  task: spec_lib.TaskId
+  silent: bool
+  seconds: float
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TaskWatchConfig:
   """Attributes:
     timeout: seconds unreachable before a worker is excluded.
+    notice_after: seconds unreachable before a worker's silence is said (`notices`).
     readmit_after: seconds reachable before an excluded worker is taken back.
     ps_readmit_after: seconds reachable before an excluded ps may be taken
       back. Longer than a worker's: a ps that has just come back may go
@@ -50,6 +66,7 @@ class TaskWatchConfig:
   """
 
   timeout: float = 60.0
+  notice_after: float = 4.0
   readmit_after: float = 5.0
   ps_readmit_after: float = 30.0
   min_workers: int = 1
@@ -57,6 +74,8 @@ class TaskWatchConfig:
   def __post_init__(self):
     if self.timeout <= 0:
       raise ValueError(f"timeout ({self.timeout}) must be positive")
+    if self.notice_after < 0:
+      raise ValueError(f"notice_after ({self.notice_after}) must be >= 0")
     if self.min_workers < 1:
       raise ValueError(f"min_workers ({self.min_workers}) must be >= 1")
     for name in ("readmit_after", "ps_readmit_after"):
@@ -74,6 +93,7 @@ class TaskWatch:
     self._since: dict[spec_lib.TaskId, tuple[bool, float]] = {}
     self._ever_up: set[spec_lib.TaskId] = set()
     self._first_time_up: set[spec_lib.TaskId] = set()  # Up now, and never before.
+    self._noticed: dict[spec_lib.TaskId, float] = {}  # Said silent, since when.
 
   @property
   def timeout(self) -> float:
@@ -116,6 +136,25 @@ class TaskWatch:
         changes.append((Change.GONE, task))
         included.remove(task)
     return changes
+
+
+  def notices(self, excluded: set[spec_lib.TaskId], now: float) -> list[Notice]:
+    """After `update`: the workers of the coordinator's cluster (not `excluded`) that
+    have answered before and not for `notice_after` seconds, and those said so that
+    answer again (or were excluded meanwhile: then nothing more is said of them)."""
+    notices = []
+    for task in self._workers:
+      state = self._since.get(task)
+      if task in self._noticed:
+        if task in excluded:
+          del self._noticed[task]
+        elif state is not None and state[0]:
+          notices.append(Notice(task, silent=False, seconds=state[1] - self._noticed.pop(task)))
+      elif (state is not None and not state[0] and task in self._ever_up
+            and task not in excluded and now - state[1] >= self._config.notice_after):
+        self._noticed[task] = state[1]
+        notices.append(Notice(task, silent=True, seconds=now - state[1]))
+    return notices
 
 
 def silent_workers(workers: Iterable[spec_lib.TaskId], reachable: set[spec_lib.TaskId],
