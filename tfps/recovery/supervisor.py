@@ -462,8 +462,8 @@ class Supervisor:
       if notice.silent:
         # The coordinator may be unable to say it: a registration that waits for the
         # worker holds its every thread (docs/tensorflow-behaviour.md).
-        logging.warning("%s has not answered for %.0fs (paused, overloaded or cut off): its "
-                        "closures run elsewhere, what must reach every task waits for it; "
+        logging.warning("%s has not answered for %.0fs (paused, overloaded or cut off): "
+                        "whatever the coordinator registers with every task waits for it; "
                         "left out after %.0fs", notice.task, notice.seconds, self._watch.timeout)
       else:
         logging.warning("%s answers again after %.0fs of silence", notice.task, notice.seconds)

@@ -137,7 +137,6 @@ class TaskWatch:
         included.remove(task)
     return changes
 
-
   def notices(self, excluded: set[spec_lib.TaskId], now: float) -> list[Notice]:
     """After `update`: the workers of the coordinator's cluster (not `excluded`) that
     have answered before and not for `notice_after` seconds, and those said so that
