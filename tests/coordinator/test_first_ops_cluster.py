@@ -99,12 +99,8 @@ CLIENT = textwrap.dedent(f'''
 ''')
 
 
-@pytest.fixture(scope="module")
-def cluster(loopback_cluster):
-  return loopback_cluster
-
-
-def test_a_first_loop_begins_and_ends_while_a_worker_is_paused(cluster, tmp_path):
+def test_a_first_loop_begins_and_ends_while_a_worker_is_paused(loopback_cluster, tmp_path):
+  cluster = loopback_cluster
   worker = cluster.worker(1)
   client, _ = cluster_client.start(cluster, tmp_path, CLIENT)
   try:
